@@ -1,0 +1,39 @@
+# outbox-notify developer commands. `make help` lists them.
+# Every target creates .venv (with the PYTHON you give, default python3) when it is missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test lint typecheck unit demo bench bench-quick chaos chaos-quick trigger-bench clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,redis,sentry,datadog]'
+	touch $(STAMP)
+
+venv: $(STAMP)  ## create .venv and install the package with its test and lint tools
+
+lint: $(STAMP)  ## ruff and mypy --strict
+	$(BIN)/ruff check outbox_notify tests devtools
+	$(BIN)/ruff format --check outbox_notify tests devtools
+	$(BIN)/mypy
+
+test: $(STAMP)  ## the whole suite: lint, then every test against a real PostgreSQL, Redis and RabbitMQ
+	$(MAKE) --no-print-directory lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: $(STAMP)  ## only the tests that need no services
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+trigger-bench: $(STAMP)  ## writer throughput with and without the NOTIFY trigger (1, 8, 32 writers)
+	$(BIN)/python -m bench.trigger $(BENCH_ARGS)
+
+clean:  ## remove the virtualenv and build output
+	rm -rf $(VENV) build dist *.egg-info

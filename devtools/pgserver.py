@@ -1,0 +1,169 @@
+"""Throwaway PostgreSQL servers for the tests, the demo, the benchmarks and the chaos suite.
+
+Wraps pytest-postgresql's process executor (pg_ctl from PATH, or from `pg_config --bindir`,
+or Debian's /usr/lib/postgresql/<version>/bin). initdb and postgres refuse to run as root,
+so when we are root the server runs as an unprivileged user through a tiny pg_ctl wrapper.
+Only servers started here are ever stopped, restarted or killed by our code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pytest_postgresql.executors import PostgreSQLExecutor
+
+UNPRIVILEGED_USERS = ("postgres", "outbox-pg")
+SUPERUSER = "postgres"
+# Settings for a disposable cluster: durability off (nothing here must survive a power cut),
+# room for many test connections.
+FAST_OPTIONS = "-c fsync=off -c full_page_writes=off -c max_connections=300"
+
+
+def find_pg_ctl() -> str:
+    """Path of pg_ctl: PATH, then `pg_config --bindir`, then Debian's versioned folders."""
+    found = shutil.which("pg_ctl")
+    if found:
+        return found
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        bindir = subprocess.check_output(["pg_config", "--bindir"], text=True).strip()
+        if os.access(os.path.join(bindir, "pg_ctl"), os.X_OK):
+            return os.path.join(bindir, "pg_ctl")
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), reverse=True)
+    if candidates:
+        return candidates[0]
+    raise RuntimeError(
+        "no PostgreSQL server binaries found (pg_ctl is not on PATH, not in `pg_config "
+        "--bindir`, nor in /usr/lib/postgresql/*/bin): install the PostgreSQL server, or "
+        "point the tests at a running server with OUTBOX_TEST_DATABASE_URL"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _unprivileged_user() -> pwd.struct_passwd:
+    for name in UNPRIVILEGED_USERS:
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+    subprocess.run(
+        [
+            "useradd",
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            UNPRIVILEGED_USERS[-1],
+        ],
+        check=True,
+    )
+    return pwd.getpwnam(UNPRIVILEGED_USERS[-1])
+
+
+def _executable(base: Path) -> str:
+    pg_ctl = find_pg_ctl()
+    if os.geteuid() != 0:
+        return pg_ctl
+    user = _unprivileged_user()
+    os.chown(base, user.pw_uid, user.pw_gid)
+    wrapper = base / "pg_ctl-as-user"
+    wrapper.write_text(
+        f"#!/bin/sh\nexec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
+        f'--reset-env "{pg_ctl}" "$@"\n'
+    )
+    wrapper.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+    return str(wrapper)
+
+
+@dataclass
+class PrivateServer:
+    """A running PostgreSQL cluster that this process started and owns."""
+
+    base: Path
+    executor: PostgreSQLExecutor
+    port: int
+    host: str = "127.0.0.1"
+    user: str = SUPERUSER
+    stopped: bool = field(default=False)
+
+    def url(self, dbname: str = "postgres") -> str:
+        """A libpq URL for one database of this server."""
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{dbname}"
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT to the postmaster); the data directory stays."""
+        self.executor.stop()
+        self.stopped = True
+
+    def start(self) -> None:
+        """Start again after stop(), on the same port and data."""
+        self.executor.start()
+        self.stopped = False
+
+    def restart(self) -> None:
+        """Fast shutdown then start: every connection is cut."""
+        self.stop()
+        self.start()
+
+    def destroy(self) -> None:
+        """Stop the server if running and delete everything it wrote."""
+        with contextlib.suppress(Exception):
+            if not self.stopped:
+                self.executor.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def start(options: str = FAST_OPTIONS, port: int | None = None) -> PrivateServer:
+    """initdb and start a fresh cluster on a free port; the caller must destroy() it."""
+    base = Path(tempfile.mkdtemp(prefix="outbox-notify-pg-"))
+    base.chmod(0o755)
+    port = port or free_port()
+    try:
+        executor = PostgreSQLExecutor(
+            executable=_executable(base),
+            host="127.0.0.1",
+            port=port,
+            datadir=str(base / "data"),
+            unixsocketdir=str(base),
+            logfile=str(base / "server.log"),
+            startparams="-w",
+            dbname="postgres",
+            user=SUPERUSER,
+            postgres_options=options,
+            timeout=120,
+        )
+        executor.start()
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
+    return PrivateServer(base=base, executor=executor, port=port)
+
+
+@contextlib.contextmanager
+def running(options: str = FAST_OPTIONS) -> Iterator[PrivateServer]:
+    """A private server for the length of a `with` block, removed even when the block fails."""
+    server = start(options)
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+if __name__ == "__main__":
+    # Smoke check: start, print the URL, stop.
+    with running() as srv:
+        print(srv.url())

@@ -1,0 +1,21 @@
+"""Transactional outbox for Django + Celery, relayed by PostgreSQL LISTEN/NOTIFY."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["OutboxCelery"]
+__version__ = "0.1.0.dev0"
+
+if TYPE_CHECKING:
+    from outbox_notify.app import OutboxCelery
+
+
+def __getattr__(name: str) -> Any:
+    # Imported lazily so that `INSTALLED_APPS = ["outbox_notify"]` does not import Celery
+    # (and the Django models it touches) before the app registry is ready.
+    if name == "OutboxCelery":
+        from outbox_notify.app import OutboxCelery
+
+        return OutboxCelery
+    raise AttributeError(f"module 'outbox_notify' has no attribute {name!r}")

@@ -1,0 +1,18 @@
+"""Django app configuration: registers the system checks, does no I/O."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class OutboxNotifyConfig(AppConfig):
+    """The outbox_notify Django app."""
+
+    name = "outbox_notify"
+    verbose_name = "Outbox"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from outbox_notify import checks
+
+        checks.register()

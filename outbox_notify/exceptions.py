@@ -1,0 +1,31 @@
+"""The exceptions outbox-notify raises: one root, a few precise subclasses."""
+
+from __future__ import annotations
+
+
+class OutboxNotifyError(Exception):
+    """Root of every error outbox-notify raises on purpose."""
+
+
+class ConfigurationError(OutboxNotifyError):
+    """A setting or flag has a value the library cannot work with."""
+
+
+class SerializationError(OutboxNotifyError, TypeError):
+    """Task arguments or options cannot be stored as JSON in the outbox."""
+
+
+class DatabaseUnavailable(OutboxNotifyError):
+    """PostgreSQL cannot be reached, or the connection broke mid-operation."""
+
+
+class BrokerUnavailable(OutboxNotifyError):
+    """The broker cannot be reached: an outage that should not spend a message's retries."""
+
+
+class PublishError(OutboxNotifyError):
+    """One message could not be published while the broker itself was reachable."""
+
+
+class UndecodableMessage(OutboxNotifyError):
+    """A stored row cannot be turned into a broker message (bad options, unknown version)."""

@@ -1,0 +1,8 @@
+-- Removes everything sql/install.sql created, messages and dead letters included.
+--
+-- Apply with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
+
+DROP TRIGGER IF EXISTS outbox_notify_wake_v1 ON outbox_notify_message_v1;
+DROP FUNCTION IF EXISTS outbox_notify_wake_v1();
+DROP TABLE IF EXISTS outbox_notify_dead_letter_v1;
+DROP TABLE IF EXISTS outbox_notify_message_v1;

@@ -1,0 +1,31 @@
+"""The Celery app the test suite and the relay subprocesses share."""
+
+from __future__ import annotations
+
+import os
+
+from outbox_notify import OutboxCelery
+
+app = OutboxCelery("tests")
+app.conf.update(
+    broker_url=os.environ.get("OUTBOX_TEST_BROKER_URL", "redis://127.0.0.1:6379/15"),
+    result_backend=os.environ.get("OUTBOX_TEST_RESULT_BACKEND") or None,
+    task_default_queue=os.environ.get("OUTBOX_TEST_QUEUE", "outbox-notify-tests"),
+    broker_connection_retry_on_startup=False,
+    broker_connection_timeout=3,
+    enable_utc=True,
+)
+
+
+@app.task(name="tests.add")
+def add(x: int, y: int) -> int:
+    """A task to enqueue in tests."""
+    return x + y
+
+
+@app.task(name="tests.record")
+def record(*args: object, **kwargs: object) -> None:
+    """A task that records its execution (used with a real worker)."""
+    from tests.testapp.tasks import record_execution
+
+    record_execution(args, kwargs)

@@ -1,0 +1,73 @@
+"""Django settings for the test suite and for the relay subprocesses it starts.
+
+The database comes from OUTBOX_TEST_DATABASE_URL when set (conftest sets it for the private
+server it starts, and for subprocesses); OUTBOX_TEST_DB_NAME names the database to use in
+subprocesses (the test database pytest-django created).
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+SECRET_KEY = "outbox-notify-tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+_url = urlsplit(
+    os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+)
+_db_name = os.environ.get("OUTBOX_TEST_DB_NAME", "outbox_notify")
+
+
+def _database(name: str) -> dict[str, object]:
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": _url.username or "postgres",
+        "PASSWORD": _url.password or "",
+        "HOST": _url.hostname or "127.0.0.1",
+        "PORT": str(_url.port or 5432),
+        "TEST": {"NAME": name if "OUTBOX_TEST_DB_NAME" in os.environ else None},
+    }
+
+
+DATABASES = {
+    "default": _database(_db_name),
+    "other": _database(_db_name + "_other"),
+}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "outbox_notify",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+OUTBOX_NOTIFY_CELERY_APP = "tests.celery_app.app"

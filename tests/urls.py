@@ -1,0 +1,8 @@
+"""URLs for admin tests."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+
+urlpatterns = [path("admin/", admin.site.urls)]
