@@ -1,0 +1,200 @@
+"""Health figures of the outbox, cheap enough to poll on tables of millions of rows.
+
+`collect()` runs a handful of bounded queries from `sql/ops.sql`: counts are exact while a
+LIMITed count stays under `exact_limit` rows and planner estimates beyond that, and
+`OutboxStats.exact` says which is which. Row-level "in flight" counts are not observable
+without locking rows; `claims_open` (relay transactions holding a claimed batch) times the
+relay's batch size bounds them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from outbox_notify import sql as sql_files
+
+EXACT_LIMIT = 10_000  # rows: a LIMITed count reads at most this many before estimating
+FAILING_WINDOW = 10_000  # rows: failing outbox rows and recent dead letters top_failing reads
+DEFAULT_TOP = 5  # task names in top_failing
+
+
+class Cursor(Protocol):
+    """The part of a DB-API cursor (psycopg's or Django's) the stats queries use."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def execute(self, query: str, params: Any = None, /) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class FailingTask:
+    """One task name's recent failures: rows awaiting a retry, dead letters, retries spent."""
+
+    task_name: str
+    failing: int
+    dead_letters: int
+    retries: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OutboxStats:
+    """A snapshot of the outbox's health; `exact` says which counts are estimates."""
+
+    queue_depth: int
+    due_now: int
+    retrying: int
+    dead_letter_count: int
+    oldest_pending_seconds: float
+    top_failing: tuple[FailingTask, ...]
+    notify_queue_usage: float
+    relays_listening: int
+    claims_open: int
+    oldest_claim_seconds: float
+    exact: Mapping[str, bool]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The snapshot as JSON-ready data (the `outbox_stats --format json` document)."""
+        data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        data["top_failing"] = [dataclasses.asdict(task) for task in self.top_failing]
+        data["exact"] = dict(self.exact)
+        return data
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Count:
+    """A row count and whether it is exact or the planner's estimate."""
+
+    value: int
+    exact: bool
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """The operator queries of `sql/ops.sql`, loaded once."""
+    return sql_files.parse_named_queries(sql_files.read("ops.sql"))
+
+
+@contextlib.contextmanager
+def cursor(connection: Any) -> Iterator[Cursor]:
+    """A cursor on a psycopg connection (in its own transaction) or a Django connection."""
+    if isinstance(connection, psycopg.Connection):
+        # A transaction block so a non-autocommit connection is not left idle in transaction.
+        with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
+            yield cur
+    else:
+        with connection.cursor() as cur:
+            yield cur
+
+
+def scalar(cur: Cursor, name: str, params: Mapping[str, Any] | None = None) -> Any:
+    """Run named query `name` and return the first column of its first row (None if no row)."""
+    cur.execute(queries()[name], params)
+    row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def planner_rows(cur: Cursor, name: str) -> int:
+    """The planner's row estimate from a named `EXPLAIN (FORMAT JSON)` query."""
+    plan = scalar(cur, name)
+    if isinstance(plan, str | bytes):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def bounded_count(cur: Cursor, count_query: str, estimate_query: str, limit: int) -> Count:
+    """Exact count when under `limit` rows, else the planner's estimate (never below limit)."""
+    counted = int(scalar(cur, count_query, {"limit": limit + 1}))
+    if counted <= limit:
+        return Count(value=counted, exact=True)
+    return Count(value=max(planner_rows(cur, estimate_query), counted), exact=False)
+
+
+def top_failing(cur: Cursor, top: int, window: int) -> tuple[tuple[FailingTask, ...], bool]:
+    """The `top` task names with most retries, and whether the figures cover every row."""
+    if top <= 0:
+        return (), True
+    cur.execute(queries()["top_failing"], {"top": top, "window": window})
+    rows = cur.fetchall()
+    tasks = tuple(
+        FailingTask(task_name=name, failing=int(f), dead_letters=int(d), retries=int(r or 0))
+        for name, f, d, r, _ in rows
+    )
+    return tasks, not any(row[4] for row in rows)
+
+
+def relay_sessions(cur: Cursor) -> tuple[int, int, float]:
+    """(relays listening, claim transactions open, age in seconds of the oldest claim)."""
+    cur.execute(queries()["relay_sessions"])
+    listening, claims, oldest = cur.fetchone()
+    return int(listening), int(claims), float(oldest)
+
+
+def collect(
+    connection: Any,
+    *,
+    top: int = DEFAULT_TOP,
+    exact_limit: int = EXACT_LIMIT,
+    failing_window: int = FAILING_WINDOW,
+) -> OutboxStats:
+    """Take a stats snapshot through a psycopg `Connection` or a Django connection."""
+    with cursor(connection) as cur:
+        depth = bounded_count(cur, "count_messages_upto", "estimate_messages", exact_limit)
+        retrying = bounded_count(cur, "count_retrying_upto", "estimate_retrying", exact_limit)
+        dead = bounded_count(cur, "count_dead_letters_upto", "estimate_dead_letters", exact_limit)
+        failing, failing_exact = top_failing(cur, top, failing_window)
+        listening, claims, oldest_claim = relay_sessions(cur)
+        return OutboxStats(
+            queue_depth=depth.value,
+            due_now=max(depth.value - retrying.value, 0),
+            retrying=retrying.value,
+            dead_letter_count=dead.value,
+            oldest_pending_seconds=float(scalar(cur, "oldest_pending") or 0.0),
+            top_failing=failing,
+            notify_queue_usage=float(scalar(cur, "notify_queue_usage")),
+            relays_listening=listening,
+            claims_open=claims,
+            oldest_claim_seconds=oldest_claim,
+            exact={
+                "queue_depth": depth.exact,
+                "due_now": depth.exact and retrying.exact,
+                "retrying": retrying.exact,
+                "dead_letter_count": dead.exact,
+                "top_failing": failing_exact,
+            },
+        )
+
+
+def format_text(stats: OutboxStats) -> str:
+    """The snapshot as aligned lines for a terminal; estimates are marked with '~'."""
+
+    def mark(name: str) -> str:
+        return "" if stats.exact.get(name, True) else "~"
+
+    lines = [
+        f"queue_depth            {mark('queue_depth')}{stats.queue_depth}",
+        f"due_now                {mark('due_now')}{stats.due_now}",
+        f"retrying               {mark('retrying')}{stats.retrying}",
+        f"oldest_pending_seconds {stats.oldest_pending_seconds:.1f}",
+        f"dead_letter_count      {mark('dead_letter_count')}{stats.dead_letter_count}",
+        f"notify_queue_usage     {stats.notify_queue_usage:.4f}",
+        f"relays_listening       {stats.relays_listening}",
+        f"claims_open            {stats.claims_open}",
+        f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
+        f"top_failing{' (sample)' if mark('top_failing') else ''}:",
+    ]
+    lines += [
+        f"  {t.task_name}  retries={t.retries} failing={t.failing} dead_letters={t.dead_letters}"
+        for t in stats.top_failing
+    ] or ["  (none)"]
+    return "\n".join(lines)

@@ -1,0 +1,184 @@
+-- Named queries of the operator tools (stats, dead-letter purge and requeue, admin actions),
+-- loaded by outbox_notify.stats / deadletter / admin through outbox_notify.sql.
+-- Each section starts with a `-- name: NAME` line. Parameters use psycopg's %(name)s style.
+--
+-- Every query here must stay cheap on tables of millions of rows: exact counts only where an
+-- index or a LIMIT bounds the work, planner estimates otherwise.
+
+-- name: count_messages_upto
+-- Exact queue depth when it is small: stops reading after %(limit)s rows.
+SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped;
+
+-- name: estimate_messages
+-- The planner's row estimate for the whole outbox (pg_class.reltuples scaled to the table's
+-- current size; works before the first ANALYZE too).
+EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1;
+
+-- name: count_retrying_upto
+-- Rows waiting for a retry that is not due yet; read through the partial retry_after index.
+SELECT count(*) FROM (
+    SELECT 1 FROM outbox_notify_message_v1 WHERE retry_after > now() LIMIT %(limit)s
+) AS capped;
+
+-- name: estimate_retrying
+EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1 WHERE retry_after > now();
+
+-- name: count_dead_letters_upto
+SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped;
+
+-- name: estimate_dead_letters
+EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_dead_letter_v1;
+
+-- name: oldest_pending
+-- Age of the oldest row, found through the primary key (ids grow with created_at).
+SELECT greatest(extract(epoch FROM clock_timestamp() - created_at), 0)::float8
+FROM outbox_notify_message_v1
+ORDER BY id
+LIMIT 1;
+
+-- name: top_failing
+-- Task names with the most retries, over bounded windows: up to %(window)s failing outbox
+-- rows (found through the partial retry_after index: a failed row always has retry_after)
+-- and the %(window)s most recent dead letters (through the dead_at index). `full_window`
+-- tells the caller whether a window was cut short, i.e. whether the figures are a sample.
+WITH failing AS (
+    SELECT task_name, retries
+    FROM outbox_notify_message_v1
+    WHERE retry_after IS NOT NULL AND retries > 0
+    LIMIT %(window)s
+),
+dead AS (
+    SELECT task_name, retries
+    FROM outbox_notify_dead_letter_v1
+    ORDER BY dead_at DESC
+    LIMIT %(window)s
+),
+per_task AS (
+    SELECT task_name, count(*) AS failing, 0 AS dead_letters, sum(retries) AS retries
+    FROM failing GROUP BY task_name
+    UNION ALL
+    SELECT task_name, 0, count(*), sum(retries)
+    FROM dead GROUP BY task_name
+)
+SELECT task_name,
+       sum(failing)::bigint AS failing,
+       sum(dead_letters)::bigint AS dead_letters,
+       sum(retries)::bigint AS retries,
+       (SELECT count(*) FROM failing) >= %(window)s
+           OR (SELECT count(*) FROM dead) >= %(window)s AS full_window
+FROM per_task
+GROUP BY task_name
+ORDER BY sum(retries) DESC, sum(dead_letters) DESC, task_name
+LIMIT %(top)s;
+
+-- name: notify_queue_usage
+-- Fraction (0..1) of the server's NOTIFY queue in use; near 1, notifying commits fail.
+SELECT pg_notification_queue_usage()::float8;
+
+-- name: relay_sessions
+-- Relays seen in pg_stat_activity by the application_name their connections set. A claim
+-- connection with an open transaction (xact_start set) is publishing a claimed batch.
+-- Sessions of other roles show xact_start only to superusers and pg_read_all_stats members.
+SELECT
+    count(*) FILTER (WHERE application_name = 'outbox_notify.listen') AS listening,
+    count(*) FILTER (
+        WHERE application_name = 'outbox_notify.claim' AND xact_start IS NOT NULL
+    ) AS claims_open,
+    coalesce(
+        max(greatest(extract(epoch FROM clock_timestamp() - xact_start), 0)) FILTER (
+            WHERE application_name = 'outbox_notify.claim'
+        ),
+        0
+    )::float8 AS oldest_claim_seconds
+FROM pg_stat_activity
+WHERE datname = current_database()
+  AND application_name IN ('outbox_notify.listen', 'outbox_notify.claim');
+
+-- name: database_now
+-- The database's clock, so every cut-off and re-based time agrees with created_at/dead_at.
+SELECT now();
+
+-- name: dead_letters_older_than_by_task
+-- What a purge would delete, grouped for the dry-run report.
+SELECT task_name, count(*) AS count
+FROM outbox_notify_dead_letter_v1
+WHERE dead_at < %(cutoff)s
+GROUP BY task_name
+ORDER BY count(*) DESC, task_name;
+
+-- name: purge_dead_letters_chunk
+-- Deletes at most %(chunk)s dead letters older than the cut-off, oldest first, through the
+-- dead_at index. Rows a concurrent requeue holds are skipped, never waited for.
+WITH doomed AS (
+    SELECT id FROM outbox_notify_dead_letter_v1
+    WHERE dead_at < %(cutoff)s
+    ORDER BY dead_at
+    LIMIT %(chunk)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox_notify_dead_letter_v1 AS d
+USING doomed
+WHERE d.id = doomed.id;
+
+-- name: dead_letters_by_ids
+-- The next chunk of a requeue (or of its dry run, so both see the same rows), selected by id,
+-- in id order after %(after)s. Rows another requeue or purge holds are skipped.
+SELECT id, task_name, options::text
+FROM outbox_notify_dead_letter_v1
+WHERE id = ANY(%(ids)s::bigint[]) AND id > %(after)s
+ORDER BY id
+LIMIT %(chunk)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: dead_letters_by_task_name
+SELECT id, task_name, options::text
+FROM outbox_notify_dead_letter_v1
+WHERE task_name = %(task_name)s AND id > %(after)s
+ORDER BY id
+LIMIT %(chunk)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: dead_letters_all
+SELECT id, task_name, options::text
+FROM outbox_notify_dead_letter_v1
+WHERE id > %(after)s
+ORDER BY id
+LIMIT %(chunk)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: requeue_dead_letters_chunk
+-- Moves one chunk back to the outbox in one statement: delete the dead letters and insert
+-- them as fresh outbox rows (retries 0, never tried, created now) with the re-based options
+-- the caller computed. The insert fires the wake-up trigger, so a sleeping relay wakes.
+WITH moved AS (
+    DELETE FROM outbox_notify_dead_letter_v1 AS d
+    USING unnest(%(ids)s::bigint[], %(options)s::text[]) AS n(id, options)
+    WHERE d.id = n.id
+    RETURNING d.id, d.task_id, d.task_name, d.args, d.kwargs, n.options, d.context,
+              d.schema_version
+)
+INSERT INTO outbox_notify_message_v1
+    (task_id, task_name, args, kwargs, options, context, schema_version, retries,
+     retry_after, last_error, created_at)
+SELECT task_id, task_name, args, kwargs, options::json, context, schema_version, 0,
+       NULL, NULL, now()
+FROM moved
+ORDER BY id;
+
+-- name: reset_retries
+-- Admin action: make failed rows due now with a fresh retry budget. Rows a relay holds in an
+-- open claim are skipped (SKIP LOCKED), never waited for or overwritten; the caller counts
+-- them from what is returned.
+UPDATE outbox_notify_message_v1
+SET retries = 0, retry_after = NULL
+WHERE id = ANY(%(ids)s::bigint[])
+  AND id IN (
+      SELECT id FROM outbox_notify_message_v1
+      WHERE id = ANY(%(ids)s::bigint[])
+      FOR UPDATE SKIP LOCKED
+  )
+RETURNING id;
+
+-- name: wake_relays
+-- Rows made due by an update (not an insert) fire no trigger: tell sleeping relays.
+SELECT pg_notify('outbox_notify_v1', '');
