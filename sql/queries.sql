@@ -8,3 +8,109 @@ INSERT INTO outbox_notify_message_v1
 VALUES
     (%(task_id)s, %(task_name)s, %(args)s::json, %(kwargs)s::json, %(options)s::json,
      %(context)s::json, %(schema_version)s);
+
+-- name: claim_batch
+-- Claims up to %(limit)s due rows for this relay's open transaction. The row locks are the
+-- claim: another relay's SKIP LOCKED passes over them, and PostgreSQL releases them the moment
+-- this relay commits, rolls back or dies. Rows of a newer schema_version are left for a newer
+-- relay. (A plain SELECT ... LIMIT ... FOR UPDATE: the LIMIT sits above the row locking, so
+-- the planner cannot lock more rows than it returns.)
+SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
+       retries, schema_version, created_at
+FROM outbox_notify_message_v1
+WHERE (retry_after IS NULL OR retry_after <= now())
+  AND schema_version <= %(max_version)s
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: delete_published
+-- The common end of a batch: every message went out.
+DELETE FROM outbox_notify_message_v1 WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: finalize_batch
+-- The end of a batch with failures, in one round trip: delete what was published, reschedule
+-- what failed (spending a retry or not), move what is beyond saving to the dead letters.
+WITH published AS (
+    DELETE FROM outbox_notify_message_v1 WHERE id = ANY(%(published)s::bigint[])
+),
+rescheduled AS (
+    UPDATE outbox_notify_message_v1 AS m
+    SET retries = f.retries,
+        retry_after = now() + make_interval(secs => f.delay),
+        last_error = f.error
+    FROM unnest(%(retry_ids)s::bigint[], %(retry_counts)s::integer[],
+                %(retry_delays)s::float8[], %(retry_errors)s::text[])
+         AS f(id, retries, delay, error)
+    WHERE m.id = f.id
+),
+dead AS (
+    DELETE FROM outbox_notify_message_v1 AS m
+    USING unnest(%(dead_ids)s::bigint[], %(dead_counts)s::integer[], %(dead_reasons)s::text[])
+          AS d(id, retries, reason)
+    WHERE m.id = d.id
+    RETURNING m.task_id, m.task_name, m.args, m.kwargs, m.options, m.context,
+              m.schema_version, d.retries, d.reason, m.created_at
+)
+INSERT INTO outbox_notify_dead_letter_v1
+    (task_id, task_name, args, kwargs, options, context, schema_version, retries,
+     failure_reason, created_at)
+SELECT task_id, task_name, args, kwargs, options, context, schema_version, retries,
+       reason, created_at
+FROM dead;
+
+-- name: peek
+-- Before sleeping: is there a row this relay could claim now, is there a due row another
+-- relay holds, and in how many seconds does the next retry fall due?
+WITH claimable AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE (retry_after IS NULL OR retry_after <= now())
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+SELECT
+    EXISTS (SELECT 1 FROM claimable) AS claimable,
+    EXISTS (
+        SELECT 1 FROM outbox_notify_message_v1
+        WHERE (retry_after IS NULL OR retry_after <= now())
+          AND schema_version <= %(max_version)s
+    ) AS due,
+    (SELECT extract(epoch FROM min(retry_after) - now())::float8
+     FROM outbox_notify_message_v1 WHERE retry_after > now()) AS next_due_in;
+
+-- name: set_claim_timeout
+-- Bounds a hung relay: if it sits idle inside its claim for this long, the server ends its
+-- session and the rows are free again. Transaction-local, so it is safe behind a pooler.
+SELECT set_config('idle_in_transaction_session_timeout', %(timeout_ms)s, true);
+
+-- name: listen
+LISTEN outbox_notify_v1;
+
+-- name: listen_probe
+LISTEN outbox_notify_v1_probe;
+
+-- name: unlisten_probe
+UNLISTEN outbox_notify_v1_probe;
+
+-- name: notify_probe
+SELECT pg_notify('outbox_notify_v1_probe', %(payload)s);
+
+-- name: set_lock_timeout
+SELECT set_config('lock_timeout', %(timeout_ms)s, false);
+
+-- name: take_wake_lock
+-- The relay is about to sleep: from now on writers notify (see sql/install.sql).
+SELECT pg_advisory_lock(1869968482, 1);
+
+-- name: release_wake_lock
+SELECT pg_advisory_unlock(1869968482, 1);
+
+-- name: wake_lock_holder
+-- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or
+-- writers whose transactions are still open (shared)?
+SELECT coalesce(bool_or(mode = 'ExclusiveLock'), false) AS relay_sleeping
+FROM pg_locks
+WHERE locktype = 'advisory' AND classid = 1869968482 AND objid = 1 AND objsubid = 2
+  AND granted;

@@ -124,3 +124,42 @@ def subprocess_env() -> dict[str, Any]:
         if p
     )
     return env
+
+
+@pytest.fixture
+def relay_env(subprocess_env: dict[str, Any], redis_url: str, queue_name: str) -> dict[str, Any]:
+    """Environment for a relay subprocess publishing to Redis on this test's own queue."""
+    env = dict(subprocess_env)
+    env["OUTBOX_TEST_BROKER_URL"] = redis_url
+    env["OUTBOX_TEST_QUEUE"] = queue_name
+    return env
+
+
+@pytest.fixture
+def start_relay(relay_env: dict[str, Any], tmp_path: Any) -> Iterator[Any]:
+    """Start `manage.py outbox_listen` subprocesses; all are stopped after the test."""
+    from tests.relay_support import RelayProcess
+
+    started: list[RelayProcess] = []
+
+    def start(
+        *args: str, command: str = "outbox_listen", env: dict[str, Any] | None = None
+    ) -> RelayProcess:
+        log_path = tmp_path / f"{command}-{len(started)}.log"
+        relay = RelayProcess(command, list(args), env or relay_env, log_path)
+        started.append(relay)
+        return relay
+
+    yield start
+    for relay in started:
+        relay.stop()
+
+
+@pytest.fixture
+def redis_queue(redis_url: str, queue_name: str) -> Iterator[Any]:
+    """The Redis list this test's relays publish to; deleted after the test."""
+    from tests.relay_support import RedisQueue
+
+    queue = RedisQueue(redis_url, queue_name)
+    yield queue
+    queue.clear()

@@ -1,0 +1,76 @@
+"""Command-line flags shared by outbox_listen and outbox_sweep."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from outbox_notify.relay.config import RelayConfig
+
+SWEEP_FLAGS = (
+    "batch_size",
+    "max_retries",
+    "backoff_time",
+    "max_backoff",
+    "stale_timeout",
+    "send_timeout",
+)
+LISTEN_FLAGS = (
+    *SWEEP_FLAGS,
+    "sweep_interval",
+    "shutdown_timeout",
+    "broker_outage_cooldown",
+    "liveness_file",
+    "poll_only",
+)
+_DEFAULTS = RelayConfig()
+
+_HELP = {
+    "batch_size": ("rows claimed and published per batch", int),
+    "max_retries": ("ordinary publish failures before a row is dead-lettered", int),
+    "backoff_time": (
+        "seconds: base delay of the first retry (doubles each time, with jitter)",
+        float,
+    ),
+    "max_backoff": ("seconds: cap on any retry delay", float),
+    "stale_timeout": (
+        "seconds a hung relay may hold a claim before the server frees its rows",
+        float,
+    ),
+    "send_timeout": ("seconds: bound on one publish (connect, write, confirm)", float),
+    "sweep_interval": (
+        "seconds between sweeps while idle (missed notifications, freed rows)",
+        float,
+    ),
+    "shutdown_timeout": ("seconds to finish the batch in hand after SIGTERM/SIGINT", float),
+    "broker_outage_cooldown": ("seconds to pause after consecutive broker outages", float),
+}
+
+
+def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
+    """Add the named flags with RelayConfig's defaults."""
+    for name in names:
+        flag = "--" + name.replace("_", "-")
+        if name == "liveness_file":
+            parser.add_argument(
+                flag,
+                type=Path,
+                default=None,
+                help="file whose mtime is refreshed while the relay is healthy",
+            )
+        elif name == "poll_only":
+            parser.add_argument(
+                flag, action="store_true", help="never LISTEN: poll every --sweep-interval"
+            )
+        else:
+            text, kind = _HELP[name]
+            default = getattr(_DEFAULTS, name)
+            parser.add_argument(
+                flag, type=kind, default=default, help=f"{text} (default {default})"
+            )
+
+
+def config_from(options: dict[str, Any], names: tuple[str, ...]) -> RelayConfig:
+    """A RelayConfig from parsed options (only the named flags)."""
+    return RelayConfig(**{name: options[name] for name in names})

@@ -1,0 +1,37 @@
+"""manage.py outbox_listen: the relay daemon."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from outbox_notify.exceptions import OutboxNotifyError
+from outbox_notify.management.commands._relay_options import LISTEN_FLAGS, add_flags, config_from
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
+
+
+class Command(BaseCommand):
+    """Relay committed outbox rows to the broker, woken by LISTEN/NOTIFY."""
+
+    help = (
+        "Run the outbox relay: LISTEN for new rows, claim them with SKIP LOCKED, publish them "
+        "and delete them. Exits 0 after SIGTERM/SIGINT once the batch in hand is done."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        add_flags(parser, LISTEN_FLAGS)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            config = config_from(options, LISTEN_FLAGS)
+            holder: list[Relay] = []
+            with stop_signals(holder) as wake_fd:
+                relay = build_relay(config, listen=not config.poll_only, wake_fd=wake_fd)
+                holder.append(relay)
+                check_reachable(relay)
+                relay.run()
+        except OutboxNotifyError as exc:
+            raise CommandError(str(exc)) from exc

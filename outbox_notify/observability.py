@@ -1,0 +1,62 @@
+"""Where the relay reports what it did: signals, Sentry, and the helpers both share."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from django.dispatch import Signal
+
+from outbox_notify import signals
+
+log = structlog.get_logger("outbox_notify")
+
+
+def send_signal(signal: Signal, **kwargs: Any) -> None:
+    """send_robust, logging (never raising) what a failing receiver raised."""
+    if not signal.has_listeners():
+        return
+    for receiver, response in signal.send_robust(sender="outbox_notify", **kwargs):
+        if isinstance(response, Exception):
+            log.error(
+                "outbox.signal_receiver_failed",
+                receiver=getattr(receiver, "__qualname__", repr(receiver)),
+                error=f"{type(response).__name__}: {response}",
+            )
+
+
+def message_sent(task_id: str, task_name: str) -> None:
+    """The broker accepted a message and its row is gone (committed)."""
+    send_signal(signals.outbox_message_sent, task_id=task_id, task_name=task_name)
+
+
+def message_failed(task_id: str, task_name: str, retries: int) -> None:
+    """A publish failed and the row was rescheduled (committed)."""
+    send_signal(
+        signals.outbox_message_failed, task_id=task_id, task_name=task_name, retries=retries
+    )
+
+
+def messages_dead_lettered(task_ids: Sequence[str], task_names: Sequence[str]) -> None:
+    """Rows moved to the dead-letter table (committed)."""
+    send_signal(
+        signals.outbox_message_dead_lettered, task_ids=list(task_ids), task_names=list(task_names)
+    )
+
+
+def report_to_sentry(*, task_id: str, task_name: str, retries: int, error: str, dead: bool) -> None:
+    """Tell Sentry about a row that started failing or died: once per state change."""
+    try:
+        import sentry_sdk
+    except ImportError:
+        return
+    what = "dead-lettered" if dead else "publish failed"
+    with sentry_sdk.new_scope() as scope:
+        scope.set_tag("outbox.task_name", task_name)
+        scope.set_extra("task_id", task_id)
+        scope.set_extra("retries", retries)
+        scope.set_extra("error", error)
+        sentry_sdk.capture_message(
+            f"outbox message {what}: {task_name}", level="error" if dead else "warning"
+        )

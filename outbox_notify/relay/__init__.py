@@ -1,0 +1,1 @@
+"""The relay: turns committed outbox rows into broker messages."""

@@ -1,0 +1,158 @@
+"""The LISTEN connection: wake-ups, the sleep handshake, and waiting without polling.
+
+It runs in autocommit and never claims rows or sits in a transaction, so it can never hold
+back the notification queue. Driver errors become DatabaseUnavailable here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import select
+import time
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from outbox_notify import sql
+from outbox_notify.exceptions import DatabaseUnavailable
+from outbox_notify.relay.config import LISTEN_APPLICATION_NAME
+from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, translated
+
+PROBE_TIMEOUT = 2.0  # seconds to wait for our own probe notification
+
+
+class LockState(enum.Enum):
+    """The outcome of trying to take the wake lock before sleeping."""
+
+    HELD = "held"  # this relay sleeps; writers will notify
+    PEER = "peer"  # another relay sleeps with the lock; its wake-ups reach us too
+    WRITERS = "writers"  # writers' open transactions hold it: their rows come at commit
+
+
+class Wake(enum.Enum):
+    """Why a wait ended."""
+
+    NOTIFIED = "notified"
+    TIMEOUT = "timeout"
+    SIGNAL = "signal"
+
+
+class Listener:
+    """Owns the LISTEN connection of one relay."""
+
+    def __init__(
+        self, params: dict[str, Any] | str, *, lock_wait: float, wake_fd: int | None
+    ) -> None:
+        self.params = params
+        self.lock_wait_ms = str(max(1, int(lock_wait * 1000)))
+        self.wake_fd = wake_fd
+        self.queries = sql.queries()
+        self.conn: psycopg.Connection[Any] | None = None
+        self.holds_lock = False
+
+    def connect(self) -> None:
+        """Open the connection and LISTEN on the outbox channel."""
+        self.close()
+        with translated("connecting the LISTEN connection"):
+            options: dict[str, Any] = {**KEEPALIVES, "connect_timeout": CONNECT_TIMEOUT}
+            options["application_name"] = LISTEN_APPLICATION_NAME
+            if isinstance(self.params, str):
+                conn = psycopg.connect(self.params, autocommit=True, **options)
+            else:
+                conn = psycopg.connect(
+                    **{**options, **self.params, **{"application_name": LISTEN_APPLICATION_NAME}},
+                    autocommit=True,
+                )
+            conn.execute(self.queries["listen"])
+            conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
+        self.conn = conn
+        self.holds_lock = False
+
+    def close(self) -> None:
+        """Close the connection (the server drops our lock and LISTEN with it)."""
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.conn = None
+        self.holds_lock = False
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            raise DatabaseUnavailable("the LISTEN connection is not open")
+        return self.conn
+
+    def probe(self) -> bool:
+        """Check that a notification sent through this connection comes back to it.
+
+        Through a transaction-pooling PgBouncer, LISTEN succeeds but notifications go to
+        whichever server connection the pooler picks: the probe then times out.
+        """
+        conn = self._connection()
+        payload = f"{os.getpid()}-{time.monotonic_ns()}"
+        with translated("probing LISTEN/NOTIFY"):
+            conn.execute(self.queries["listen_probe"])
+            conn.execute(self.queries["notify_probe"], {"payload": payload})
+            received = any(
+                n.channel.endswith("_probe") and n.payload == payload
+                for n in conn.notifies(timeout=PROBE_TIMEOUT, stop_after=1)
+            )
+            conn.execute(self.queries["unlisten_probe"])
+        return received
+
+    def take_lock(self) -> LockState:
+        """Try, for at most lock_wait, to take the wake lock before sleeping."""
+        conn = self._connection()
+        try:
+            with translated("taking the wake lock"):
+                try:
+                    conn.execute(self.queries["take_wake_lock"])
+                except pg_errors.LockNotAvailable:
+                    row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
+                    return LockState.PEER if row and row[0] else LockState.WRITERS
+        except DatabaseUnavailable:
+            self.close()
+            raise
+        self.holds_lock = True
+        return LockState.HELD
+
+    def release_lock(self) -> None:
+        """Give the wake lock back: from now on writers stop notifying."""
+        if not self.holds_lock:
+            return
+        conn = self._connection()
+        with translated("releasing the wake lock"):
+            conn.execute(self.queries["release_wake_lock"])
+        self.holds_lock = False
+
+    def drain_pending(self) -> int:
+        """Consume notifications already received; return how many there were."""
+        conn = self._connection()
+        with translated("reading notifications"):
+            return sum(1 for _ in conn.notifies(timeout=0))
+
+    def wait(self, timeout: float) -> Wake:
+        """Block until a notification, the timeout, or a byte on the wake-up fd (a signal)."""
+        conn = self._connection()
+        if self.drain_pending():
+            return Wake.NOTIFIED
+        deadline = time.monotonic() + max(0.0, timeout)
+        fds = [conn.fileno()] + ([self.wake_fd] if self.wake_fd is not None else [])
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return Wake.TIMEOUT
+            readable, _, _ = select.select(fds, [], [], remaining)
+            if self.wake_fd is not None and self.wake_fd in readable:
+                _drain_fd(self.wake_fd)
+                return Wake.SIGNAL
+            if readable and self.drain_pending():
+                return Wake.NOTIFIED
+
+
+def _drain_fd(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        while os.read(fd, 512):
+            pass

@@ -1,0 +1,339 @@
+"""The relay loop: drain, sleep until woken, repeat. Orchestration only.
+
+drain:  claim a batch (row locks in an open transaction), publish it, finalise it in
+        one round trip and commit; repeat until a batch comes back short.
+sleep:  take the wake lock (writers notify from now on), peek once more for work that
+        committed before the lock, then block on LISTEN until a notification, the next
+        retry's due time, the sweep timer, or a signal.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import os
+import select
+import time
+from pathlib import Path
+
+import structlog
+
+from outbox_notify import observability
+from outbox_notify.exceptions import DatabaseUnavailable, UndecodableMessage
+from outbox_notify.metrics import Metrics, NullMetrics
+from outbox_notify.relay import messages
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.listener import Listener, LockState, Wake
+from outbox_notify.relay.outcome import Decided, OutcomePolicy
+from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
+from outbox_notify.relay.publisher import Publisher
+from outbox_notify.relay.store import ClaimedRow, ClaimStore, Peek
+
+log = structlog.get_logger("outbox_notify")
+
+
+class Relay:
+    """One relay process: owns a claim store, a listener (unless polling) and a publisher."""
+
+    RECONNECT_BASE = 0.1  # seconds
+    RECONNECT_CAP = 10.0  # seconds
+    PEER_RECHECK = 1.0  # seconds: how long to trust that a peer relay holds the wake lock
+    DUE_SLACK = 0.001  # seconds added to a retry's due time so it is due when we wake
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        *,
+        store: ClaimStore,
+        listener: Listener | None,
+        publisher: Publisher,
+        clock: Clock | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.listener = listener
+        self.publisher = publisher
+        self.clock = clock or SystemClock()
+        self.metrics = metrics or NullMetrics()
+        self.policy = OutcomePolicy(config, Backoff(config.backoff_time, config.max_backoff))
+        self.breaker = Breaker(config.breaker_threshold, config.broker_outage_cooldown, self.clock)
+        self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)
+        self.polling = listener is None or config.poll_only
+        self.stop_requested_at: float | None = None
+        self.connected = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        """Stop claiming; finish the batch in hand within shutdown_timeout, then return."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = self.clock.monotonic()
+            log.info("outbox.relay_stopping", shutdown_timeout=self.config.shutdown_timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested_at is not None
+
+    def run(self) -> None:
+        """Run until request_stop(); reconnects on its own after database failures."""
+        log.info(
+            "outbox.relay_started",
+            mode="poll" if self.polling else "listen",
+            batch_size=self.config.batch_size,
+        )
+        attempt = 0
+        try:
+            while not self.stopping:
+                try:
+                    self.ensure_connected()
+                    attempt = 0
+                    self.cycle()
+                except DatabaseUnavailable as exc:
+                    self.disconnect()
+                    delay = self.reconnect_backoff.delay(attempt)
+                    attempt += 1
+                    log.warning(
+                        "outbox.database_unavailable", error=str(exc), retry_in=round(delay, 3)
+                    )
+                    self.pause(delay)
+        finally:
+            self.disconnect()
+            self.publisher.close()
+            log.info("outbox.relay_stopped")
+
+    def ensure_connected(self) -> None:
+        """Connect what is not connected; a fresh connection is followed by a full sweep."""
+        if self.connected:
+            return
+        self.store.connect()
+        if self.listener is not None and not self.config.poll_only:
+            self.listener.connect()
+            if self.listener.probe():
+                self.polling = False
+            else:
+                self.polling = True
+                log.warning(
+                    "outbox.listen_unavailable",
+                    reason="a notification sent on the LISTEN connection never came back "
+                    "(a transaction-pooling PgBouncer?); polling every sweep interval instead",
+                    sweep_interval=self.config.sweep_interval,
+                )
+        self.connected = True
+        log.info("outbox.database_connected", mode="poll" if self.polling else "listen")
+
+    def disconnect(self) -> None:
+        """Close both database connections (open claims are rolled back by the server)."""
+        if self.listener is not None:
+            self.listener.close()
+        self.store.close()
+        self.connected = False
+
+    # -- one cycle -----------------------------------------------------------------------
+
+    def cycle(self) -> None:
+        """Drain, then sleep until there may be work again."""
+        self.touch_liveness()
+        cooldown = self.breaker.wait_time()
+        if cooldown > 0:
+            self.pause(cooldown)
+            return
+        if not self.drain() or self.stopping:
+            return
+        self.sleep_until_work()
+
+    def drain(self) -> bool:
+        """Process batches until one comes back short; False when the broker is down."""
+        while not self.stopping:
+            claimed, outage = self.process_batch()
+            if outage:
+                return False
+            if claimed < self.config.batch_size:
+                return True
+        return True
+
+    def sleep_until_work(self) -> None:
+        """Block until something may be claimable (see the module docstring)."""
+        if self.polling or self.listener is None:
+            self.wait(self.sleep_timeout(self.store.peek()))
+            return
+        state = self.listener.take_lock()
+        if state is LockState.WRITERS:
+            return  # rows are committing right now: drain again
+        try:
+            peek = self.store.peek()
+            if peek.claimable:
+                return
+            timeout = self.sleep_timeout(peek)
+            if state is LockState.PEER:
+                timeout = min(timeout, self.PEER_RECHECK)
+            self.wait(timeout)
+        finally:
+            self.listener.release_lock()
+
+    def sleep_timeout(self, peek: Peek) -> float:
+        """Seconds to sleep: the sweep interval, or less when a retry or a held row is due."""
+        timeout = self.config.sweep_interval
+        if peek.next_due_in is not None:
+            timeout = min(timeout, max(0.0, peek.next_due_in) + self.DUE_SLACK)
+        if peek.due and not peek.claimable:
+            timeout = min(timeout, self.config.inflight_recheck)  # another relay holds rows
+        return timeout
+
+    def wait(self, timeout: float) -> Wake:
+        """Wait in slices so the liveness file stays fresh while blocked."""
+        deadline = self.clock.monotonic() + timeout
+        while not self.stopping:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                return Wake.TIMEOUT
+            wake = self._wait_slice(min(remaining, self.config.liveness_interval))
+            self.touch_liveness()
+            if wake is not Wake.TIMEOUT:
+                return wake
+        return Wake.SIGNAL
+
+    def _wait_slice(self, timeout: float) -> Wake:
+        if self.listener is not None and self.listener.conn is not None:
+            return self.listener.wait(timeout)
+        return self.pause(timeout)
+
+    def pause(self, seconds: float) -> Wake:
+        """Sleep without a database connection, waking early on a stop signal."""
+        wake_fd = self.listener.wake_fd if self.listener is not None else None
+        if wake_fd is None:
+            time.sleep(min(seconds, 0.2) if self.stopping else seconds)
+            return Wake.TIMEOUT
+        readable, _, _ = select.select([wake_fd], [], [], max(0.0, seconds))
+        if readable:
+            with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
+                os.read(wake_fd, 512)
+            return Wake.SIGNAL
+        return Wake.TIMEOUT
+
+    # -- one batch -----------------------------------------------------------------------
+
+    def process_batch(self) -> tuple[int, bool]:
+        """Claim, publish, finalise one batch; return (rows claimed, broker outage?)."""
+        started = self.clock.monotonic()
+        with self.store.claim(self.config.batch_size) as claim:
+            if not claim.rows:
+                return 0, False
+            decided = self.publish(claim.rows, started)
+            claim.finish(decided.outcome)
+        self.after_commit(decided, len(claim.rows), self.clock.monotonic() - started)
+        return len(claim.rows), decided.outages > 0
+
+    def publish(self, rows: list[ClaimedRow], started: float) -> Decided:
+        """Prepare and publish rows; decide each row's outcome."""
+        now = dt.datetime.now(dt.UTC)
+        ready: list[messages.OutgoingMessage] = []
+        undecodable: list[tuple[ClaimedRow, str]] = []
+        for row in rows:
+            try:
+                ready.append(messages.prepare(row, now))
+            except UndecodableMessage as exc:
+                undecodable.append((row, str(exc)))
+        budget_end = started + self.config.publish_budget
+
+        def past_deadline() -> bool:
+            now_mono = self.clock.monotonic()
+            if now_mono > budget_end:
+                return True
+            stop = self.stop_requested_at
+            return stop is not None and now_mono > stop + self.config.shutdown_timeout
+
+        attempts = self.publisher.publish(ready, past_deadline) if ready else []
+        return self.policy.decide(
+            list(zip((m.row for m in ready), attempts, strict=True)), undecodable
+        )
+
+    def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
+        """Signals, metrics, logs and breaker bookkeeping, once the outcome is committed."""
+        self.metrics.batch(claimed, seconds)
+        self._report_published(decided.published)
+        self._report_failures(decided)
+        if decided.outages:
+            self.metrics.deferred(decided.outages)
+            if self.breaker.record_outage():
+                log.error("outbox.breaker_opened", cooldown=self.config.broker_outage_cooldown)
+            else:
+                log.warning("outbox.broker_unavailable", deferred=decided.outages)
+        elif decided.published and self.breaker.record_success():
+            log.info("outbox.breaker_closed")
+        log.debug(
+            "outbox.batch_done",
+            claimed=claimed,
+            published=len(decided.published),
+            retried=len(decided.retried),
+            dead=len(decided.dead),
+            deferred=decided.outages,
+            skipped=decided.skipped,
+            seconds=round(seconds, 6),
+        )
+
+    def _report_published(self, rows: list[ClaimedRow]) -> None:
+        if not rows:
+            return
+        for name, count in collections.Counter(r.task_name for r in rows).items():
+            self.metrics.published(name, count)
+        oldest = min(r.created_at for r in rows)
+        self.metrics.lag((dt.datetime.now(dt.UTC) - oldest).total_seconds())
+        for row in rows:
+            observability.message_sent(row.task_id, row.task_name)
+
+    def _report_failures(self, decided: Decided) -> None:
+        for row, retry in decided.retried:
+            self.metrics.failed(row.task_name)
+            log.warning(
+                "outbox.publish_failed",
+                task_id=row.task_id,
+                task_name=row.task_name,
+                retries=retry.retries,
+                retry_in=round(retry.delay, 3),
+                error=retry.error,
+            )
+            observability.message_failed(row.task_id, row.task_name, retry.retries)
+            if row.retries == 0:
+                observability.report_to_sentry(
+                    task_id=row.task_id,
+                    task_name=row.task_name,
+                    retries=retry.retries,
+                    error=retry.error,
+                    dead=False,
+                )
+        if decided.dead:
+            self._report_dead(decided)
+
+    def _report_dead(self, decided: Decided) -> None:
+        for row, dead in decided.dead:
+            self.metrics.dead_lettered(row.task_name)
+            log.error(
+                "outbox.dead_lettered",
+                task_id=row.task_id,
+                task_name=row.task_name,
+                reason=dead.reason,
+            )
+            observability.report_to_sentry(
+                task_id=row.task_id,
+                task_name=row.task_name,
+                retries=dead.retries,
+                error=dead.reason,
+                dead=True,
+            )
+        observability.messages_dead_lettered(
+            [row.task_id for row, _ in decided.dead], [row.task_name for row, _ in decided.dead]
+        )
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def touch_liveness(self) -> None:
+        """Update the liveness file's mtime (a probe checks that it is recent)."""
+        path: Path | None = self.config.liveness_file
+        if path is None:
+            return
+        try:
+            path.touch()
+        except OSError as exc:
+            log.warning("outbox.liveness_file_error", path=str(path), error=str(exc))

@@ -1,0 +1,82 @@
+"""Turns a claimed row into the exact message Celery would have published."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from kombu.utils import json as kombu_json
+
+from outbox_notify.exceptions import UndecodableMessage
+from outbox_notify.models import SCHEMA_VERSION
+from outbox_notify.relay.store import ClaimedRow
+from outbox_notify.serialization import PublishSpec, decode_options, expiration_seconds
+
+JSON_CONTENT_TYPE = "application/json"
+SENTRY_HEADERS = ("sentry-trace", "baggage")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OutgoingMessage:
+    """One message ready for the publisher, tied to the row it came from."""
+
+    row: ClaimedRow
+    body: Any  # JSON text for the json serializer; (args, kwargs, embed) for any other
+    spec: PublishSpec
+    headers: dict[str, Any]
+    expiration: float | None
+    log_context: dict[str, Any]
+
+
+def _decode_json(text: str, what: str) -> Any:
+    try:
+        # kombu's decoder revives the datetimes and UUIDs it tagged at enqueue.
+        return kombu_json.loads(text)
+    except ValueError as exc:
+        raise UndecodableMessage(f"{what} is not valid JSON: {exc}") from exc
+
+
+def _body(row: ClaimedRow, spec: PublishSpec) -> Any:
+    if spec.serializer == "json":
+        # The stored text is already kombu's JSON: splice it instead of decoding and
+        # re-encoding every argument.
+        return f"[{row.args}, {row.kwargs}, {kombu_json.dumps(spec.embed)}]"
+    args = kombu_json.loads(row.args)
+    kwargs = kombu_json.loads(row.kwargs)
+    return (args, kwargs, spec.embed)
+
+
+def _headers(spec: PublishSpec, context: dict[str, Any]) -> dict[str, Any]:
+    sentry = context.get("sentry") or {}
+    if not sentry:
+        return spec.headers
+    headers = dict(spec.headers)
+    for key in SENTRY_HEADERS:
+        if key in sentry and key not in headers:
+            headers[key] = sentry[key]
+    return headers
+
+
+def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Build the message for one row; UndecodableMessage when the row is unusable."""
+    if row.schema_version != SCHEMA_VERSION:
+        raise UndecodableMessage(f"unknown schema_version {row.schema_version}")
+    options = _decode_json(row.options, "options")
+    if not isinstance(options, dict):
+        raise UndecodableMessage("options is not a JSON object")
+    context = _decode_json(row.context, "context") if row.context not in ("", "{}") else {}
+    spec = decode_options(options)
+    try:
+        expiration = expiration_seconds(spec.headers, now)
+        body = _body(row, spec)
+    except (TypeError, ValueError) as exc:
+        raise UndecodableMessage(f"message cannot be built: {exc!r}") from exc
+    return OutgoingMessage(
+        row=row,
+        body=body,
+        spec=spec,
+        headers=_headers(spec, context if isinstance(context, dict) else {}),
+        expiration=expiration,
+        log_context=dict(context.get("structlog") or {}) if isinstance(context, dict) else {},
+    )

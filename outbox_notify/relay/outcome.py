@@ -1,0 +1,104 @@
+"""Decides how each message of a batch ends: published, retried, dead, or left alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.policy import Backoff
+from outbox_notify.relay.publisher import Attempt, Result
+from outbox_notify.relay.store import ClaimedRow, Dead, Outcome, Retry
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decided:
+    """A batch's outcome with the rows behind each list, for signals, metrics and logs."""
+
+    outcome: Outcome
+    published: list[ClaimedRow]
+    retried: list[tuple[ClaimedRow, Retry]]
+    dead: list[tuple[ClaimedRow, Dead]]
+    outages: int
+    skipped: int
+
+
+class OutcomePolicy:
+    """Turns publish attempts into row outcomes (retries, backoff, dead letters).
+
+    A message during whose publish the broker connection broke is "blamed". The broker may
+    simply have gone down; but if the same message is blamed SUSPECT_LIMIT times in a row, it
+    is the message (too large, say) and not the broker: from then on it spends retries like
+    any ordinary failure, so it cannot wedge the relay at the head of the queue.
+    """
+
+    SUSPECT_LIMIT = 3
+
+    def __init__(self, config: RelayConfig, backoff: Backoff) -> None:
+        self.config = config
+        self.backoff = backoff
+        self.suspects: dict[int, int] = {}
+
+    def decide(
+        self,
+        attempts: Sequence[tuple[ClaimedRow, Attempt]],
+        undecodable: Sequence[tuple[ClaimedRow, str]],
+    ) -> Decided:
+        """The outcome of one batch."""
+        published: list[ClaimedRow] = []
+        retried: list[tuple[ClaimedRow, Retry]] = []
+        dead = [
+            (row, Dead(id=row.id, retries=row.retries, reason=f"undecodable: {why}"))
+            for row, why in undecodable
+        ]
+        outages = skipped = 0
+        for row, attempt in attempts:
+            result = self._effective(row, attempt)
+            if result is Result.PUBLISHED:
+                published.append(row)
+            elif result is Result.FAILED:
+                self._fail(row, attempt.error or "unknown error", retried, dead)
+            elif result is Result.OUTAGE:
+                outages += 1
+            else:
+                skipped += 1
+        outcome = Outcome(
+            published=[r.id for r in published],
+            retry=[r for _, r in retried],
+            dead=[d for _, d in dead],
+        )
+        return Decided(
+            outcome=outcome,
+            published=published,
+            retried=retried,
+            dead=dead,
+            outages=outages,
+            skipped=skipped,
+        )
+
+    def _effective(self, row: ClaimedRow, attempt: Attempt) -> Result:
+        if attempt.result is not Result.OUTAGE or not attempt.blamed:
+            if attempt.result is Result.PUBLISHED:
+                self.suspects.pop(row.id, None)
+            return attempt.result
+        count = self.suspects.get(row.id, 0) + 1
+        if count >= self.SUSPECT_LIMIT:
+            self.suspects.pop(row.id, None)
+            return Result.FAILED
+        self.suspects[row.id] = count
+        return Result.OUTAGE
+
+    def _fail(
+        self,
+        row: ClaimedRow,
+        error: str,
+        retried: list[tuple[ClaimedRow, Retry]],
+        dead: list[tuple[ClaimedRow, Dead]],
+    ) -> None:
+        attempts_made = row.retries + 1
+        if row.retries >= self.config.max_retries:
+            reason = f"publish failed {attempts_made} times; last error: {error}"
+            dead.append((row, Dead(id=row.id, retries=attempts_made, reason=reason)))
+            return
+        delay = self.backoff.delay(row.retries)
+        retried.append((row, Retry(id=row.id, retries=attempts_made, delay=delay, error=error)))

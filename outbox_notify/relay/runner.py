@@ -1,0 +1,71 @@
+"""Builds a relay from Django settings and command-line options; used by the commands."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+from outbox_notify import conf, metrics
+from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.listener import Listener
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.publisher import KombuPublisher
+from outbox_notify.relay.store import ClaimStore, connection_kwargs
+
+
+def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Relay:
+    """A relay wired to the outbox alias, the configured Celery app and metrics."""
+    app = conf.celery_app()
+    params = connection_kwargs(conf.database_alias())
+    listener = None
+    if listen:
+        listen_params: dict[str, Any] | str = conf.listen_dsn() or params
+        listener = Listener(listen_params, lock_wait=config.lock_wait, wake_fd=wake_fd)
+    return Relay(
+        config,
+        store=ClaimStore(params, stale_timeout=config.stale_timeout),
+        listener=listener,
+        publisher=KombuPublisher(app, send_timeout=config.send_timeout),
+        metrics=metrics.from_settings(),
+    )
+
+
+def check_reachable(relay: Relay) -> None:
+    """Connect to PostgreSQL and the broker once; raise with a clear message if either fails."""
+    try:
+        relay.ensure_connected()
+    except DatabaseUnavailable as exc:
+        relay.disconnect()
+        raise OutboxNotifyError(f"PostgreSQL cannot be reached: {exc}") from exc
+    try:
+        relay.publisher.check()
+    except BrokerUnavailable as exc:
+        relay.disconnect()
+        raise OutboxNotifyError(f"the broker cannot be reached: {exc}") from exc
+
+
+@contextlib.contextmanager
+def stop_signals(relay_holder: list[Relay]) -> Iterator[int]:
+    """Route SIGTERM/SIGINT to Relay.request_stop and wake a blocked relay through a pipe."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    os.set_blocking(write_fd, False)
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def handler(signum: int, frame: Any) -> None:
+        for relay in relay_holder:
+            relay.request_stop()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield read_fd
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        signal.set_wakeup_fd(previous_fd)
+        os.close(read_fd)
+        os.close(write_fd)

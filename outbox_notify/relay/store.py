@@ -1,0 +1,214 @@
+"""The claim connection: the only place the relay claims, peeks at and finalises rows.
+
+Driver errors are translated here, and only here, into DatabaseUnavailable (or a
+ConfigurationError when the schema is missing), always `from` the original.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from outbox_notify import sql
+from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable
+from outbox_notify.models import SCHEMA_VERSION
+from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
+
+# TCP keepalives so a relay notices a vanished server in seconds, not hours.
+KEEPALIVES = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+CONNECT_TIMEOUT = 10  # seconds
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimedRow:
+    """One outbox row held by this relay's open claim."""
+
+    id: int
+    task_id: str
+    task_name: str
+    args: str
+    kwargs: str
+    options: str
+    context: str
+    retries: int
+    schema_version: int
+    created_at: dt.datetime
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Retry:
+    """A row to try again later; `retries` is its new count (unchanged for an outage)."""
+
+    id: int
+    retries: int
+    delay: float
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Dead:
+    """A row to move to the dead-letter table with its reason."""
+
+    id: int
+    retries: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """How a batch ends. Rows in none of the lists are released untouched."""
+
+    published: Sequence[int] = ()
+    retry: Sequence[Retry] = ()
+    dead: Sequence[Dead] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Peek:
+    """What a relay about to sleep needs to know about the table."""
+
+    claimable: bool
+    due: bool
+    next_due_in: float | None
+
+
+def connection_kwargs(alias: str) -> dict[str, Any]:
+    """psycopg.connect() keywords for a Django alias (Django's own adapters removed)."""
+    from django.db import connections
+
+    params = dict(connections[alias].get_connection_params())
+    for django_only in ("cursor_factory", "context", "server_side_binding", "pool"):
+        params.pop(django_only, None)
+    return params
+
+
+@contextlib.contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Turn driver errors raised inside the block into the library's exceptions."""
+    try:
+        yield
+    except pg_errors.UndefinedTable as exc:
+        raise ConfigurationError(
+            "the outbox tables are missing: run `python manage.py migrate outbox_notify`"
+        ) from exc
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(f"{what}: {exc}") from exc
+
+
+class ClaimStore:
+    """Owns the claim connection and runs the relay's claim-side queries on it."""
+
+    def __init__(self, params: dict[str, Any], *, stale_timeout: float) -> None:
+        self.params = params
+        self.stale_timeout_ms = str(int(stale_timeout * 1000))
+        self.queries = sql.queries()
+        self.conn: psycopg.Connection[Any] | None = None
+
+    def connect(self) -> None:
+        """Open the connection (closing a broken one first)."""
+        self.close()
+        params = {**KEEPALIVES, "connect_timeout": CONNECT_TIMEOUT, **self.params}
+        params["application_name"] = CLAIM_APPLICATION_NAME
+        with translated("connecting the claim connection"):
+            self.conn = psycopg.connect(**params, autocommit=False)
+
+    def close(self) -> None:
+        """Close the connection; any open claim is rolled back by the server."""
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.conn = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            raise DatabaseUnavailable("the claim connection is not open")
+        return self.conn
+
+    @contextlib.contextmanager
+    def claim(self, limit: int) -> Iterator[Claim]:
+        """Claim up to `limit` rows; the claim lasts until the block ends (commit or rollback)."""
+        conn = self._connection()
+        with translated("claiming a batch"):
+            with conn.pipeline():
+                conn.execute(
+                    self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
+                )
+                cursor = conn.execute(
+                    self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
+                )
+            rows = [ClaimedRow(**_row_dict(cursor.description, r)) for r in cursor.fetchall()]
+        claim = Claim(self, rows)
+        try:
+            yield claim
+        except BaseException:
+            self.rollback()
+            raise
+        if not claim.finished:
+            self.rollback()
+
+    def rollback(self) -> None:
+        """Release every row of the open claim untouched."""
+        if self.conn is not None and not self.conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.rollback()
+
+    def finish(self, outcome: Outcome) -> None:
+        """Apply a batch's outcome and commit, in one pipelined round trip."""
+        conn = self._connection()
+        with translated("finalising a batch"), conn.pipeline():
+            if outcome.retry or outcome.dead:
+                conn.execute(self.queries["finalize_batch"], _finalize_params(outcome))
+            elif outcome.published:
+                conn.execute(self.queries["delete_published"], {"ids": list(outcome.published)})
+            conn.commit()
+
+    def peek(self) -> Peek:
+        """Check for claimable and held work and the next retry time, in one query."""
+        conn = self._connection()
+        with translated("peeking at the outbox"), conn.pipeline():
+            cursor = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION})
+            conn.commit()
+        claimable, due, next_due_in = cursor.fetchone() or (False, False, None)
+        return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
+
+
+class Claim:
+    """The rows of one open claim, and the way to end it."""
+
+    def __init__(self, store: ClaimStore, rows: list[ClaimedRow]) -> None:
+        self.store = store
+        self.rows = rows
+        self.finished = False
+
+    def finish(self, outcome: Outcome) -> None:
+        """Apply the outcome and commit; rows not named in it are released untouched."""
+        self.store.finish(outcome)
+        self.finished = True
+
+
+def _row_dict(description: Any, values: Sequence[Any]) -> dict[str, Any]:
+    return {column.name: value for column, value in zip(description, values, strict=True)}
+
+
+def _finalize_params(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "published": list(outcome.published),
+        "retry_ids": [r.id for r in outcome.retry],
+        "retry_counts": [r.retries for r in outcome.retry],
+        "retry_delays": [r.delay for r in outcome.retry],
+        "retry_errors": [r.error for r in outcome.retry],
+        "dead_ids": [d.id for d in outcome.dead],
+        "dead_counts": [d.retries for d in outcome.dead],
+        "dead_reasons": [d.reason for d in outcome.dead],
+    }

@@ -1,0 +1,112 @@
+"""Helpers for tests that run the relay (and workers) as real subprocesses."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+DEADLINE = 30.0  # seconds: generous, these tests wait for events, they do not time them
+
+
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float = DEADLINE,
+    interval: float = 0.05,
+    what: str = "",
+    context: Callable[[], str] | None = None,
+) -> Any:
+    """Poll until predicate() is truthy; fail the test with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n--- context ---\n{context()}" if context else ""
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what or predicate}{extra}"
+            )
+        time.sleep(interval)
+
+
+class RelayProcess:
+    """A `manage.py outbox_listen` (or `outbox_sweep`) subprocess with captured output."""
+
+    def __init__(self, command: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", command, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+    def wait(self, timeout: float = DEADLINE) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        """Terminate if still running (SIGKILL after a grace period); always close the log."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=15)
+        finally:
+            self.log.close()
+
+
+class RedisQueue:
+    """Reads Celery messages that a relay LPUSHed onto one Redis list."""
+
+    def __init__(self, url: str, name: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.name = name
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Every message in the queue (oldest first), envelope decoded, queue left as is."""
+        raw = self.client.lrange(self.name, 0, -1)
+        return [decode_envelope(item) for item in reversed(raw)]
+
+    def task_ids(self) -> list[str]:
+        return [m["headers"]["id"] for m in self.messages()]
+
+    def clear(self) -> None:
+        self.client.delete(self.name)
+
+
+def decode_envelope(raw: bytes) -> dict[str, Any]:
+    """kombu's Redis envelope -> {headers, properties, body (decoded JSON)}."""
+    envelope = json.loads(raw)
+    body = envelope["body"]
+    if envelope["properties"].get("body_encoding") == "base64":
+        body = base64.b64decode(body)
+    envelope["body"] = json.loads(body)
+    return envelope
