@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint typecheck unit demo bench bench-quick chaos chaos-quick trigger-bench clean
+.PHONY: help venv test lint unit demo bench bench-quick chaos chaos-quick trigger-bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,21 @@ test: $(STAMP)  ## the whole suite: lint, then every test against a real Postgre
 
 unit: $(STAMP)  ## only the tests that need no services
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+demo: $(STAMP)  ## end-to-end demo: migrate, relay + Celery worker, orders committed and rolled back
+	$(BIN)/python -m example.demo $(DEMO_ARGS)
+
+bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox; writes docs/benchmarks.md (<= 10 min)
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
+bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode (<= 2 min)
+	$(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+
+chaos: $(STAMP)  ## fault injection under load; every committed message counted (<= 10 min)
+	$(BIN)/python -m chaos.run $(CHAOS_ARGS)
+
+chaos-quick: $(STAMP)  ## the chaos suite's short mode (what CI runs)
+	$(BIN)/python -m chaos.run --quick $(CHAOS_ARGS)
 
 trigger-bench: $(STAMP)  ## writer throughput with and without the NOTIFY trigger (1, 8, 32 writers)
 	$(BIN)/python -m bench.trigger $(BENCH_ARGS)
