@@ -1,0 +1,234 @@
+"""Dead-letter handling: purge old dead letters and move dead letters back to the outbox.
+
+Both work in chunks, each in its own short transaction, so neither ever holds one giant
+transaction (long locks, bloat, replication lag) however many rows they touch. Rows another
+purge or requeue holds are skipped (SKIP LOCKED), never waited for. The commands, the Celery
+task and the admin action are thin layers over the functions here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from django.db import connections, transaction
+
+from outbox_notify import conf
+from outbox_notify.exceptions import ConfigurationError
+from outbox_notify.stats import Cursor, queries
+
+log = structlog.get_logger("outbox_notify")
+
+CHUNK_SIZE = 5_000  # rows per transaction for purge and requeue
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class PurgeResult:
+    """What a purge deleted (or, in a dry run, would delete), per task name."""
+
+    cutoff: datetime
+    deleted: int
+    chunks: int
+    by_task: Mapping[str, int]
+    dry_run: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Selector:
+    """Which dead letters to requeue: exactly one of ids, task_name or everything."""
+
+    ids: tuple[int, ...] = ()
+    task_name: str | None = None
+    everything: bool = False
+
+    def __post_init__(self) -> None:
+        chosen = [bool(self.ids), self.task_name is not None, self.everything]
+        if chosen.count(True) != 1:
+            raise ConfigurationError("choose exactly one of: ids, a task name, or all")
+
+    def query(self) -> tuple[str, dict[str, Any]]:
+        """The named query selecting the next chunk, and its selector parameters."""
+        if self.ids:
+            return "dead_letters_by_ids", {"ids": list(self.ids)}
+        if self.task_name is not None:
+            return "dead_letters_by_task_name", {"task_name": self.task_name}
+        return "dead_letters_all", {}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RequeueResult:
+    """What a requeue moved (or, in a dry run, would move), per task name."""
+
+    moved: int
+    by_task: Mapping[str, int]
+    already_expired: int
+    dry_run: bool
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Rebased:
+    """A dead letter's options made fit to send again at the requeue time."""
+
+    options: str
+    already_expired: bool
+
+
+def _alias(using: str | None) -> str:
+    return using or conf.database_alias()
+
+
+def _db_now(cur: Cursor) -> datetime:
+    cur.execute(queries()["database_now"])
+    now: datetime = cur.fetchone()[0]
+    return now
+
+
+def purge_cutoff(older_than_days: int, using: str | None = None) -> datetime:
+    """The dead_at before which a purge deletes, on the database's clock."""
+    with connections[_alias(using)].cursor() as cur:
+        return _db_now(cur) - timedelta(days=older_than_days)
+
+
+def purge_plan(cutoff: datetime, using: str | None = None) -> dict[str, int]:
+    """How many dead letters per task name are older than `cutoff` (the dry-run report)."""
+    with connections[_alias(using)].cursor() as cur:
+        cur.execute(queries()["dead_letters_older_than_by_task"], {"cutoff": cutoff})
+        return {name: int(count) for name, count in cur.fetchall()}
+
+
+def _purge_chunk(alias: str, cutoff: datetime, chunk_size: int) -> int:
+    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+        cur.execute(queries()["purge_dead_letters_chunk"], {"cutoff": cutoff, "chunk": chunk_size})
+        return int(cur.rowcount)
+
+
+def purge(
+    older_than_days: int | None = None,
+    *,
+    dry_run: bool = False,
+    chunk_size: int = CHUNK_SIZE,
+    using: str | None = None,
+) -> PurgeResult:
+    """Delete dead letters older than N days (default: the retention setting), chunk by chunk."""
+    days = conf.dead_letter_retention_days() if older_than_days is None else older_than_days
+    if days < 0 or chunk_size < 1:
+        raise ConfigurationError("older_than_days must be >= 0 and chunk_size >= 1")
+    alias = _alias(using)
+    cutoff = purge_cutoff(days, alias)
+    if dry_run:
+        plan = purge_plan(cutoff, alias)
+        return PurgeResult(
+            cutoff=cutoff, deleted=sum(plan.values()), chunks=0, by_task=plan, dry_run=True
+        )
+    deleted = chunks = 0
+    while True:
+        count = _purge_chunk(alias, cutoff, chunk_size)
+        deleted, chunks = deleted + count, chunks + (count > 0)
+        if count < chunk_size:
+            break
+    log.info("outbox.dead_letters_purged", deleted=deleted, chunks=chunks, older_than_days=days)
+    return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
+
+
+def _moment(value: Any, now: datetime) -> datetime | None:
+    """A stored ISO time as an aware datetime (naive ones are UTC), None when unreadable."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=now.tzinfo)
+
+
+def _shift(headers: dict[str, Any], relative: Mapping[str, Any], now: datetime) -> bool:
+    """Re-base eta/expires from the stored relative seconds; True when a header changed."""
+    changed = False
+    for relative_key, header in (("countdown", "eta"), ("expires", "expires")):
+        seconds = relative.get(relative_key)
+        if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+            headers[header] = (now + timedelta(seconds=seconds)).isoformat()
+            changed = True
+    return changed
+
+
+def rebase_options(text: str, now: datetime) -> Rebased:
+    """Re-base relative countdown/expires to `now`; flag an absolute expires already past.
+
+    The stored text is returned untouched unless a time changes (it is kombu JSON, kept
+    byte for byte), and also when it cannot be decoded: the relay then dead-letters it again
+    with a precise reason, which is more useful than failing the whole requeue here.
+    """
+    try:
+        options = json.loads(text)
+        headers, relative = options["headers"], options.get("relative") or {}
+        if not isinstance(headers, dict) or not isinstance(relative, Mapping):
+            return Rebased(options=text, already_expired=False)
+    except (ValueError, TypeError, KeyError):
+        return Rebased(options=text, already_expired=False)
+    changed = _shift(headers, relative, now)
+    expires = _moment(headers.get("expires"), now)
+    return Rebased(
+        options=json.dumps(options) if changed else text,
+        already_expired=expires is not None and expires <= now,
+    )
+
+
+def _move(cur: Cursor, ids: Sequence[int], options: Sequence[str]) -> int:
+    cur.execute(
+        queries()["requeue_dead_letters_chunk"], {"ids": list(ids), "options": list(options)}
+    )
+    return int(cur.rowcount)
+
+
+def _requeue_chunk(
+    alias: str, selector: Selector, after: int, chunk_size: int, dry_run: bool
+) -> tuple[list[tuple[int, str]], int, int]:
+    """One transaction: lock the next chunk, re-base it, move it unless dry-running.
+
+    Returns the (id, task_name) of the chunk's rows, how many were moved and how many were
+    already expired.
+    """
+    name, params = selector.query()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+        now = _db_now(cur)
+        cur.execute(queries()[name], {**params, "after": after, "chunk": chunk_size})
+        rows = cur.fetchall()
+        rebased = [rebase_options(text, now) for _, _, text in rows]
+        moved = (
+            len(rows) if dry_run else _move(cur, [r[0] for r in rows], [r.options for r in rebased])
+        )
+        return [(r[0], r[1]) for r in rows], moved, sum(r.already_expired for r in rebased)
+
+
+def requeue(
+    selector: Selector,
+    *,
+    dry_run: bool = False,
+    chunk_size: int = CHUNK_SIZE,
+    using: str | None = None,
+) -> RequeueResult:
+    """Move the selected dead letters back to the outbox: retries 0, created now, times re-based."""
+    if chunk_size < 1:
+        raise ConfigurationError("chunk_size must be >= 1")
+    alias, after = _alias(using), 0
+    moved = expired = 0
+    by_task: Counter[str] = Counter()
+    while True:
+        rows, count, chunk_expired = _requeue_chunk(alias, selector, after, chunk_size, dry_run)
+        if not rows:
+            break
+        by_task.update(name for _, name in rows)
+        moved, expired, after = moved + count, expired + chunk_expired, rows[-1][0]
+    if not dry_run:
+        log.info("outbox.dead_letters_requeued", moved=moved, already_expired=expired)
+    if expired:
+        log.warning("outbox.requeued_already_expired", count=expired, dry_run=dry_run)
+    return RequeueResult(
+        moved=moved, by_task=dict(by_task.most_common()), already_expired=expired, dry_run=dry_run
+    )

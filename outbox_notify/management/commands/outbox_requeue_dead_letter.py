@@ -1,0 +1,49 @@
+"""`manage.py outbox_requeue_dead_letter`: move dead letters back to the outbox."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from outbox_notify import deadletter
+
+
+class Command(BaseCommand):
+    """Requeues dead letters chosen by id, task name or all, with retries reset."""
+
+    help = (
+        "Move dead letters back to the outbox (retries 0, created now, relative countdown "
+        "and expires re-based to now), in chunks of --chunk-size rows per transaction. "
+        "Choose exactly one of --id, --task-name, --all."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        chosen = parser.add_mutually_exclusive_group(required=True)
+        chosen.add_argument("--id", type=int, nargs="+", dest="ids", metavar="ID")
+        chosen.add_argument("--task-name", metavar="NAME")
+        chosen.add_argument("--all", action="store_true", dest="everything")
+        parser.add_argument("--dry-run", action="store_true")
+        parser.add_argument("--chunk-size", type=int, default=deadletter.CHUNK_SIZE)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        selector = deadletter.Selector(
+            ids=tuple(options["ids"] or ()),
+            task_name=options["task_name"],
+            everything=options["everything"],
+        )
+        result = deadletter.requeue(
+            selector, dry_run=options["dry_run"], chunk_size=options["chunk_size"]
+        )
+        verb = "would requeue" if result.dry_run else "requeued"
+        self.stdout.write(f"{verb} {result.moved} dead letters")
+        for name, count in result.by_task.items():
+            self.stdout.write(f"  {count:>10}  {name}")
+        if result.already_expired:
+            self.stderr.write(
+                f"warning: {result.already_expired} of them carry an absolute expiry that has "
+                "already passed; workers will discard them as expired"
+            )
+        if options["ids"] and result.moved < len(set(options["ids"])):
+            missing = len(set(options["ids"])) - result.moved
+            self.stderr.write(f"warning: {missing} of the given ids were not found or are locked")
