@@ -12,6 +12,7 @@ Check ids are stable and documented in docs/reference.md:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,10 @@ from outbox_notify.exceptions import ConfigurationError
 MIN_PSYCOPG = (3, 2, 10)
 TRIGGER_NAME = "outbox_notify_wake_v1"
 TABLE_NAME = "outbox_notify_message_v1"
+# pg_trigger.tgenabled values under which the trigger fires in ordinary sessions; "R" (replica
+# only) and "D" (disabled) leave relays asleep.
+TRIGGER_FIRES = ("O", "A")
+_LEADING_DIGITS = re.compile(r"\d*")
 
 
 def register() -> None:
@@ -36,8 +41,9 @@ def register() -> None:
 def _version_tuple(text: str) -> tuple[int, ...]:
     parts = []
     for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
+        # Leading digits only: "9rc1" is 9, not 91.
+        digits = _LEADING_DIGITS.match(piece)
+        parts.append(int(digits.group() or 0) if digits else 0)
     return tuple(parts)
 
 
@@ -115,7 +121,8 @@ def check_schema(
     connection = _outbox_connection()
     if connection is None or connection.vendor != "postgresql":
         return []
-    if databases is not None and connection.alias not in databases:
+    # Django's rule for database checks: without a list of databases, touch none.
+    if databases is None or connection.alias not in databases:
         return []
     try:
         with connection.cursor() as cursor:
@@ -136,7 +143,7 @@ def check_schema(
                 id="outbox_notify.W001",
             )
         ]
-    if trigger is None or trigger[0] == "D":
+    if trigger is None or trigger[0] not in TRIGGER_FIRES:
         return [
             checks.Warning(
                 f"trigger {TRIGGER_NAME} is missing or disabled: relays will only wake on their sweep timer",

@@ -1,0 +1,196 @@
+"""The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying.
+
+Slow (about 20 s: a wheel build, a venv, a pip install), and deliberately part of the normal
+suite: it is the only test that sees the package as users get it, without the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql as pgsql
+
+REPO = Path(__file__).resolve().parents[2]
+SQL_FILES = ("install.sql", "uninstall.sql", "queries.sql")
+CHANNEL = "outbox_notify_v1"
+LOCK = (1869968482, 1)
+INSERT = (
+    "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options, schema_version)"
+    " VALUES ('wheel', 't', '[]', '{}', '{}', 1)"
+)
+STEP_TIMEOUT = 300.0  # seconds; each step takes a few, unless the package index is slow
+NOTIFY_TIMEOUT = 10.0  # seconds; a generous deadline for one notification
+
+SETTINGS = """\
+SECRET_KEY = "wheel-test"
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django.contrib.contenttypes", "outbox_notify"]
+DATABASES = {{
+    "default": {{
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": {name!r},
+        "USER": {user!r},
+        "PASSWORD": {password!r},
+        "HOST": {host!r},
+        "PORT": {port!r},
+    }}
+}}
+"""
+
+# Run in the venv after migrate: where the package and its SQL come from, and what they hold.
+PROBE = textwrap.dedent(
+    """
+    import django
+    django.setup()
+    import outbox_notify
+    from outbox_notify import sql
+    print(outbox_notify.__file__)
+    print(sql.read("install.sql").count("CREATE TABLE"))
+    print(",".join(sorted(sql.queries())))
+    """
+)
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STEP_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, f"{argv}\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def _connect(server_url: str, dbname: str) -> psycopg.Connection[tuple[Any, ...]]:
+    return psycopg.connect(server_url, dbname=dbname, autocommit=True)
+
+
+@pytest.fixture
+def wheel_database(pg_server_url: str) -> Iterator[str]:
+    """An empty database for the wheel's project, dropped after the test."""
+    name = f"outbox_wheel_{uuid.uuid4().hex[:12]}"
+    with _connect(pg_server_url, "postgres") as admin:
+        admin.execute(
+            pgsql.SQL("CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'").format(
+                pgsql.Identifier(name)
+            )
+        )
+    try:
+        yield name
+    finally:
+        with _connect(pg_server_url, "postgres") as admin:
+            admin.execute(
+                pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(pgsql.Identifier(name))
+            )
+
+
+def _build_wheel(out: Path) -> Path:
+    _run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)], cwd=out.parent
+    )
+    (wheel,) = out.glob("outbox_notify-*.whl")
+    return wheel
+
+
+def _install_into_fresh_venv(wheel: Path, venv: Path) -> Path:
+    """Create a venv from this interpreter and pip install the wheel; return its python."""
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=venv.parent, env=_clean_env())
+    python = venv / "bin" / "python"
+    _run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel), "psycopg[binary]"],
+        cwd=venv.parent,
+        env=_clean_env(),
+    )
+    return python
+
+
+def _write_project(project: Path, server_url: str, dbname: str) -> None:
+    parts = psycopg.conninfo.conninfo_to_dict(server_url)
+    project.mkdir()
+    (project / "wheelproj_settings.py").write_text(
+        SETTINGS.format(
+            name=dbname,
+            user=str(parts.get("user") or "postgres"),
+            password=str(parts.get("password") or ""),
+            host=str(parts.get("host") or "127.0.0.1"),
+            port=str(parts.get("port") or "5432"),
+        )
+    )
+
+
+def _clean_env() -> dict[str, str]:
+    """This environment without anything that could lead Python to the checkout or its venv."""
+    return {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
+        and not key.startswith(("DJANGO_", "OUTBOX_"))
+    }
+
+
+def _project_env(project: Path) -> dict[str, str]:
+    """A clean environment that finds only the throwaway project's settings module."""
+    return {
+        **_clean_env(),
+        "DJANGO_SETTINGS_MODULE": "wheelproj_settings",
+        "PYTHONPATH": str(project),
+    }
+
+
+def _assert_trigger_notifies(server_url: str, dbname: str) -> None:
+    with _connect(server_url, dbname) as relay, _connect(server_url, dbname) as writer:
+        relay.execute(f"LISTEN {CHANNEL}")
+        relay.execute("SELECT pg_advisory_lock(%s, %s)", LOCK)  # a sleeping relay
+        writer.execute(INSERT)
+        received = next(relay.notifies(timeout=NOTIFY_TIMEOUT), None)
+    assert received is not None, "the trigger installed from the wheel did not notify"
+    assert (received.channel, received.payload) == (CHANNEL, "")
+
+
+def test_wheel_installs_migrates_and_notifies(
+    tmp_path: Path, pg_server_url: str, wheel_database: str
+) -> None:
+    """The built wheel carries sql/, and in a fresh venv `migrate` installs a working trigger."""
+    wheel = _build_wheel(tmp_path / "dist")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {f"outbox_notify/sql/{name}" for name in SQL_FILES} <= names
+    assert "outbox_notify/py.typed" in names
+
+    python = _install_into_fresh_venv(wheel, tmp_path / "venv")
+    _write_project(tmp_path / "project", pg_server_url, wheel_database)
+    env = _project_env(tmp_path / "project")
+    _run([str(python), "-m", "django", "migrate", "--no-input"], cwd=tmp_path, env=env)
+    _run(
+        [str(python), "-m", "django", "check", "--database", "default", "--fail-level", "WARNING"],
+        cwd=tmp_path,
+        env=env,
+    )
+    module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=tmp_path, env=env).split()
+    assert Path(module_file).is_relative_to(tmp_path / "venv")
+    assert tables == "2"
+    assert {"claim_batch", "insert_message"} <= set(queries.split(","))
+
+    with _connect(pg_server_url, wheel_database) as conn:
+        found = conn.execute(
+            "SELECT to_regclass('outbox_notify_message_v1') IS NOT NULL,"
+            " to_regclass('outbox_notify_dead_letter_v1') IS NOT NULL,"
+            " (SELECT tgenabled::text FROM pg_trigger WHERE tgname = 'outbox_notify_wake_v1')"
+        ).fetchone()
+    assert found == (True, True, "O")
+    _assert_trigger_notifies(pg_server_url, wheel_database)

@@ -1,0 +1,266 @@
+"""The schema guards: models, migration and sql/install.sql describe one and the same schema.
+
+Each comparison runs on databases created for the test on the session's server (and dropped
+after it), so what `migrate` and `psql -f` build is seen from nothing, not on top of the
+shared test database.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import models
+from psycopg import sql as pgsql
+from psycopg.conninfo import make_conninfo
+
+from outbox_notify.models import DeadLetter, OutboxMessage
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SQL = REPO / "sql" / "install.sql"
+PREFIX = "outbox_notify_"
+VERSION = "_v1"
+SUBPROCESS_TIMEOUT = 120.0  # seconds; a migrate takes about one
+
+# UTF8 whatever the server's default: a SQL_ASCII database would hand text back as bytes.
+CREATE_DATABASE = "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'"
+
+Catalogue = dict[str, list[tuple[Any, ...]]]
+
+# `_` is a LIKE wildcard: escape it, or `outbox_notify_%` would also match `outboxXnotify...`.
+_LIKE_PREFIX = PREFIX.replace("_", r"\_") + "%"
+
+_CATALOGUE_QUERIES = {
+    "columns": """
+        SELECT table_name::text, column_name::text, ordinal_position::int, data_type::text,
+               is_nullable::text, column_default::text, is_identity::text,
+               identity_generation::text
+        FROM information_schema.columns
+        WHERE table_schema = 'public' AND table_name LIKE %(prefix)s
+        ORDER BY table_name, ordinal_position
+    """,
+    "constraints": """
+        SELECT cl.relname::text, co.conname::text, pg_get_constraintdef(co.oid)
+        FROM pg_constraint co JOIN pg_class cl ON cl.oid = co.conrelid
+        WHERE cl.relname LIKE %(prefix)s
+        ORDER BY cl.relname, co.conname
+    """,
+    "indexes": """
+        SELECT tablename::text, indexname::text, indexdef
+        FROM pg_indexes
+        WHERE schemaname = 'public' AND tablename LIKE %(prefix)s
+        ORDER BY tablename, indexname
+    """,
+    "triggers": """
+        SELECT t.tgname::text, pg_get_triggerdef(t.oid), t.tgenabled::text
+        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+        WHERE NOT t.tgisinternal AND (c.relname LIKE %(prefix)s OR t.tgname LIKE %(prefix)s)
+        ORDER BY tgname
+    """,
+    "functions": """
+        SELECT p.proname::text, pg_get_functiondef(p.oid)
+        FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' AND p.proname LIKE %(prefix)s
+        ORDER BY p.proname
+    """,
+}
+
+
+def _connect(server_url: str, dbname: str) -> psycopg.Connection[tuple[Any, ...]]:
+    return psycopg.connect(server_url, dbname=dbname, autocommit=True)
+
+
+@pytest.fixture
+def fresh_database(pg_server_url: str) -> Iterator[Callable[[], str]]:
+    """Creates empty databases with unique names on the session's server; drops them after."""
+    created: list[str] = []
+
+    def create() -> str:
+        name = f"outbox_schema_{uuid.uuid4().hex[:12]}"
+        with _connect(pg_server_url, "postgres") as admin:
+            admin.execute(pgsql.SQL(CREATE_DATABASE).format(pgsql.Identifier(name)))
+        created.append(name)
+        return name
+
+    try:
+        yield create
+    finally:
+        with _connect(pg_server_url, "postgres") as admin:
+            for name in created:
+                admin.execute(
+                    pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                        pgsql.Identifier(name)
+                    )
+                )
+
+
+def _psql_install(server_url: str, dbname: str) -> None:
+    """`psql -f sql/install.sql` against `dbname`, as a DBA would."""
+    conninfo = make_conninfo(server_url, dbname=dbname)
+    argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f", str(INSTALL_SQL)]
+    result = subprocess.run(
+        argv, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def _migrate(server_url: str, dbname: str, *target: str) -> None:
+    """`python -m django migrate outbox_notify [target]` against `dbname`, as a user would."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        OUTBOX_TEST_DATABASE_URL=server_url,
+        OUTBOX_TEST_DB_NAME=dbname,
+        PYTHONPATH=str(REPO),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "outbox_notify", *target, "--no-input"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _catalogue(server_url: str, dbname: str) -> Catalogue:
+    """Columns, constraints, indexes, triggers and functions whose names are ours."""
+    with _connect(server_url, dbname) as conn:
+        return {
+            kind: conn.execute(query, {"prefix": _LIKE_PREFIX}).fetchall()
+            for kind, query in _CATALOGUE_QUERIES.items()
+        }
+
+
+def _names(rows: list[tuple[Any, ...]], column: int = 0) -> set[str]:
+    return {str(row[column]) for row in rows}
+
+
+@pytest.mark.django_db(databases=["default", "other"])
+def test_models_need_no_new_migration() -> None:
+    """makemigrations --check finds nothing: the models and the migration state agree."""
+    # django_db: makemigrations checks the applied-migration history on every alias.
+    out = io.StringIO()
+    call_command("makemigrations", "outbox_notify", "--check", "--dry-run", stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+def test_migrate_builds_exactly_the_schema_of_install_sql(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """`migrate` and `psql -f sql/install.sql` give identical tables, indexes, triggers, functions."""
+    by_psql, by_migrate = fresh_database(), fresh_database()
+    _psql_install(pg_server_url, by_psql)
+    _migrate(pg_server_url, by_migrate)
+    expected = _catalogue(pg_server_url, by_psql)
+    assert _names(expected["columns"]) == {
+        "outbox_notify_message_v1",
+        "outbox_notify_dead_letter_v1",
+    }
+    assert _names(expected["triggers"]) == {"outbox_notify_wake_v1"}
+    assert _catalogue(pg_server_url, by_migrate) == expected
+
+
+def _table_columns(server_url: str, dbname: str, table: str) -> dict[str, bool]:
+    """{column: nullable} of one table."""
+    with _connect(server_url, dbname) as conn:
+        rows = conn.execute(
+            "SELECT column_name::text, is_nullable = 'YES' FROM information_schema.columns"
+            " WHERE table_schema = 'public' AND table_name = %s",
+            [table],
+        ).fetchall()
+    return {name: nullable for name, nullable in rows}
+
+
+@pytest.mark.parametrize("model", [OutboxMessage, DeadLetter], ids=lambda m: m.__name__)
+def test_models_map_onto_the_sql_tables(
+    model: type[models.Model], pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """Each model's columns and their nullability are exactly those install.sql creates."""
+    dbname = fresh_database()
+    _psql_install(pg_server_url, dbname)
+    from_sql = _table_columns(pg_server_url, dbname, model._meta.db_table)
+    from_model = {field.column: field.null for field in model._meta.concrete_fields}
+    assert from_model == from_sql
+
+
+def test_migrate_zero_removes_everything_and_migrating_again_restores_it(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """`migrate outbox_notify zero` drops every outbox table, function, trigger; forward again works."""
+    dbname, reference = fresh_database(), fresh_database()
+    _psql_install(pg_server_url, reference)
+    _migrate(pg_server_url, dbname)
+    _migrate(pg_server_url, dbname, "zero")
+    assert _catalogue(pg_server_url, dbname) == {kind: [] for kind in _CATALOGUE_QUERIES}
+    _migrate(pg_server_url, dbname)
+    assert _catalogue(pg_server_url, dbname) == _catalogue(pg_server_url, reference)
+
+
+_OBJECTS_QUERY = """
+    SELECT 'relation ' || c.relkind::text, c.relname, coalesce(owner.relname, c.relname)
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_index i ON i.indexrelid = c.oid
+    LEFT JOIN pg_depend d ON d.objid = c.oid AND d.classid = 'pg_class'::regclass
+        AND d.deptype IN ('a', 'i') AND c.relkind = 'S'
+    LEFT JOIN pg_class owner ON owner.oid = coalesce(i.indrelid, d.refobjid)
+    WHERE n.nspname = 'public'
+  UNION ALL
+    SELECT 'constraint', co.conname, cl.relname
+    FROM pg_constraint co
+    JOIN pg_class cl ON cl.oid = co.conrelid
+    JOIN pg_namespace n ON n.oid = co.connamespace
+    WHERE n.nspname = 'public'
+  UNION ALL
+    SELECT 'function', p.proname, p.proname
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = 'public'
+  UNION ALL
+    SELECT 'type', t.typname, t.typname
+    FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+    -- Not the row types of tables nor array types: those follow the relations above.
+    WHERE n.nspname = 'public' AND t.typrelid = 0 AND t.typcategory <> 'A'
+  UNION ALL
+    SELECT 'trigger', t.tgname, t.tgname
+    FROM pg_trigger t
+    JOIN pg_class c ON c.oid = t.tgrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public' AND NOT t.tgisinternal
+"""
+
+# A versioned name: the prefix, words, then the version as the last word.
+_VERSIONED = re.compile(rf"^{PREFIX}[a-z0-9_]+{VERSION}$")
+
+
+def test_every_object_of_install_sql_is_prefixed_and_versioned(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """Tables, functions, triggers are `outbox_notify_*_v1`; indexes, keys, sequences extend those names."""
+    # Indexes, constraints and identity sequences are named after their table
+    # (`outbox_notify_message_v1_task_id_idx`), so they carry the prefix and the version of
+    # that table's name rather than ending in `_v1` themselves.
+    dbname = fresh_database()
+    _psql_install(pg_server_url, dbname)
+    with _connect(pg_server_url, dbname) as conn:
+        objects = conn.execute(_OBJECTS_QUERY).fetchall()
+    kinds = {kind for kind, _, _ in objects}
+    assert {"relation r", "relation i", "relation S", "constraint", "function", "trigger"} <= kinds
+    unversioned = [
+        (kind, name)
+        for kind, name, owner in objects
+        if not _VERSIONED.match(owner) or not (name == owner or name.startswith(owner + "_"))
+    ]
+    assert unversioned == []
