@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from django.test import override_settings
 
 from outbox_notify import deadletter
+from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, OutboxMessage
 from tests.celery_app import add, app
 
@@ -278,7 +279,7 @@ def test_requeue_requires_exactly_one_selector(args: tuple[str, ...]) -> None:
 
 def test_selector_rejects_ambiguous_choices() -> None:
     """The core refuses a selector naming zero or several selections."""
-    with pytest.raises(deadletter.ConfigurationError):
+    with pytest.raises(ConfigurationError):
         deadletter.Selector()
-    with pytest.raises(deadletter.ConfigurationError):
+    with pytest.raises(ConfigurationError):
         deadletter.Selector(ids=(1,), everything=True)

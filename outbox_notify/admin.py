@@ -1,0 +1,281 @@
+"""Read-only admin for the outbox and the dead letters, with two guarded actions.
+
+Rows are never added, edited or deleted through forms: the relay owns them. Object pages are
+read-only for everyone; the model's change permission only grants the actions ("reset
+retries" on outbox rows, "requeue" on dead letters), and each action leaves a LogEntry.
+Arguments are shown through `outbox_notify.redaction`, never raw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.db import connections
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest, HttpResponse
+
+from outbox_notify import conf, deadletter, redaction, stats
+from outbox_notify.models import DeadLetter, OutboxMessage
+
+if TYPE_CHECKING:
+    ModelAdmin = admin.ModelAdmin[Any]
+else:  # django-stubs makes ModelAdmin generic; at run time it is not subscriptable
+    ModelAdmin = admin.ModelAdmin
+
+FILTER_SAMPLE = 10_000  # rows read to offer task names in the filter (no full-table DISTINCT)
+TEXT_PREVIEW = 80  # characters of last_error / failure_reason in the list
+MAX_RETRIES_CHOICE = 5  # the retries filter groups this many and more
+
+
+class TaskNameFilter(admin.SimpleListFilter):
+    """Filter by task name, offering the names seen in a bounded sample of rows.
+
+    A DISTINCT over the whole table would read millions of rows on every page load. Any
+    name can still be filtered on with `?task_name=NAME` in the URL.
+    """
+
+    title = "task name"
+    parameter_name = "task_name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = set(model_admin.task_name_sample(request))
+        if self.value():
+            names.add(str(self.value()))
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value():
+            return queryset.filter(task_name=self.value())
+        return queryset
+
+
+class RetriesFilter(admin.SimpleListFilter):
+    """Filter by retries spent: 0, 1, ... and 'MAX_RETRIES_CHOICE or more'."""
+
+    title = "retries"
+    parameter_name = "retries"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        choices = [(str(n), str(n)) for n in range(MAX_RETRIES_CHOICE)]
+        return [*choices, (f"{MAX_RETRIES_CHOICE}+", f"{MAX_RETRIES_CHOICE} or more")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value.endswith("+") and value[:-1].isdigit():
+            return queryset.filter(retries__gte=int(value[:-1]))
+        if value.isdigit():
+            return queryset.filter(retries=int(value))
+        return queryset
+
+
+def _preview(text: str | None) -> str:
+    return redaction.truncate(text or "", TEXT_PREVIEW)
+
+
+def _header(obj: OutboxMessage | DeadLetter, key: str) -> Any:
+    options = obj.options if isinstance(obj.options, dict) else {}
+    headers = options.get("headers")
+    return headers.get(key) if isinstance(headers, dict) else None
+
+
+def outbox_summary() -> stats.OutboxStats:
+    """The figures shown above both changelists (no top_failing: the list shows those)."""
+    return stats.collect(connections[conf.database_alias()], top=0)
+
+
+class ReadOnlyAdmin(ModelAdmin):
+    """Shared behaviour: read-only pages, the outbox database, a summary box, redaction."""
+
+    change_list_template = "admin/outbox_notify/change_list.html"
+    show_full_result_count = False  # a second count(*) over millions of rows per page
+    list_per_page = 100
+    search_fields = ("=task_id",)
+    search_help_text = "Exact Celery task id."
+    list_filter = (TaskNameFilter, RetriesFilter)
+    sample_order = "id"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(conf.database_alias())
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        # Object pages stay read-only for everyone (the relay owns the rows); the model-level
+        # answer is the user's real change permission, which is what the actions require.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "outbox_summary": outbox_summary()}
+        return super().changelist_view(request, context)
+
+    def task_name_sample(self, request: HttpRequest) -> list[str]:
+        """Distinct task names among the first FILTER_SAMPLE rows in `sample_order`."""
+        rows = self.get_queryset(request).order_by(self.sample_order)
+        return list(set(rows.values_list("task_name", flat=True)[:FILTER_SAMPLE]))
+
+    @admin.display(description="arguments")
+    def arguments(self, obj: OutboxMessage | DeadLetter) -> str:
+        """The task's arguments, redacted and truncated."""
+        return redaction.display(obj.task_name, obj.args, obj.kwargs)
+
+    @admin.display(description="eta")
+    def eta(self, obj: OutboxMessage | DeadLetter) -> Any:
+        """When the worker may run the task (Celery's eta header), if any."""
+        return _header(obj, "eta") or "-"
+
+    @admin.display(description="expires")
+    def expires(self, obj: OutboxMessage | DeadLetter) -> Any:
+        """When the worker discards the task unrun (Celery's expires header), if any."""
+        return _header(obj, "expires") or "-"
+
+    @admin.display(description="routing key")
+    def routing_key(self, obj: OutboxMessage | DeadLetter) -> Any:
+        """The routing key (queue) the message is published with."""
+        options = obj.options if isinstance(obj.options, dict) else {}
+        return options.get("routing_key") or "-"
+
+    def log_rows(self, request: HttpRequest, rows: Sequence[Model], message: str) -> None:
+        """One admin LogEntry per row an action changed."""
+        for row in rows:
+            self.log_change(request, row, message)
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(ReadOnlyAdmin):
+    """Outbox rows awaiting publication; action: reset retries."""
+
+    list_display = (
+        "id",
+        "task_name",
+        "task_id",
+        "retries",
+        "retry_after",
+        "last_error_preview",
+        "created_at",
+        "arguments",
+    )
+    fields = readonly_fields = (
+        "id",
+        "task_id",
+        "task_name",
+        "arguments",
+        "routing_key",
+        "eta",
+        "expires",
+        "retries",
+        "retry_after",
+        "last_error",
+        "schema_version",
+        "created_at",
+    )
+    actions = ("reset_retries",)
+
+    @admin.display(description="last error")
+    def last_error_preview(self, obj: OutboxMessage) -> str:
+        """The start of the last publish error."""
+        return _preview(obj.last_error)
+
+    @admin.action(permissions=["change"], description="Reset retries (due now, full retry budget)")
+    def reset_retries(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        """Reset retries of the selected rows a relay does not hold right now."""
+        selected = {
+            row_id: OutboxMessage(id=row_id, task_id=task_id, task_name=task_name)
+            for row_id, task_id, task_name in queryset.values_list("id", "task_id", "task_name")
+        }
+        reset = reset_retries(list(selected))
+        self.log_rows(request, [selected[i] for i in reset], "Reset retries (admin action).")
+        skipped = len(selected) - len(reset)
+        self.message_user(
+            request,
+            f"Reset retries of {len(reset)} messages; skipped {skipped} "
+            "(held by a relay right now, or already published).",
+            messages.WARNING if skipped else messages.SUCCESS,
+        )
+
+
+def reset_retries(ids: list[int]) -> list[int]:
+    """Reset retries of these outbox rows, skipping rows a relay holds; return the ids reset."""
+    if not ids:
+        return []
+    with connections[conf.database_alias()].cursor() as cur:
+        cur.execute(stats.queries()["reset_retries"], {"ids": ids})
+        reset = [int(row[0]) for row in cur.fetchall()]
+        if reset:
+            cur.execute(stats.queries()["wake_relays"])
+    return reset
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    """Messages the relay gave up on; action: requeue to the outbox."""
+
+    sample_order = "-dead_at"
+    list_display = (
+        "id",
+        "task_name",
+        "task_id",
+        "retries",
+        "failure_reason_preview",
+        "dead_at",
+        "created_at",
+        "arguments",
+    )
+    fields = readonly_fields = (
+        "id",
+        "task_id",
+        "task_name",
+        "arguments",
+        "routing_key",
+        "eta",
+        "expires",
+        "retries",
+        "failure_reason",
+        "schema_version",
+        "created_at",
+        "dead_at",
+    )
+    actions = ("requeue",)
+
+    @admin.display(description="failure reason")
+    def failure_reason_preview(self, obj: DeadLetter) -> str:
+        """The start of the reason the relay gave up."""
+        return _preview(obj.failure_reason)
+
+    @admin.action(permissions=["change"], description="Requeue to the outbox (retries reset)")
+    def requeue(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
+        """Move the selected dead letters back to the outbox."""
+        selected = {
+            row_id: DeadLetter(id=row_id, task_id=task_id, task_name=task_name)
+            for row_id, task_id, task_name in queryset.values_list("id", "task_id", "task_name")
+        }
+        if not selected:
+            return
+        result = deadletter.requeue(deadletter.Selector(ids=tuple(selected)))
+        left = set(self.get_queryset(request).filter(id__in=selected).values_list("id", flat=True))
+        moved = [row for row_id, row in selected.items() if row_id not in left]
+        self.log_rows(request, moved, "Requeued to the outbox (admin action).")
+        self.message_user(
+            request,
+            f"Requeued {len(moved)} dead letters; skipped {len(selected) - len(moved)} "
+            "(held by another requeue or purge right now, or already gone).",
+            messages.SUCCESS if len(moved) == len(selected) else messages.WARNING,
+        )
+        if result.already_expired:
+            self.message_user(
+                request,
+                f"{result.already_expired} of them carry an absolute expiry that has already "
+                "passed; workers will discard them as expired.",
+                messages.WARNING,
+            )
