@@ -120,6 +120,11 @@ def bounded_count(cur: Cursor, count_query: str, estimate_query: str, limit: int
     return Count(value=max(planner_rows(cur, estimate_query), counted), exact=False)
 
 
+def _text(value: str | bytes) -> str:
+    # psycopg hands back bytes from a SQL_ASCII database; task names are UTF-8 there too.
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def top_failing(cur: Cursor, top: int, window: int) -> tuple[tuple[FailingTask, ...], bool]:
     """The `top` task names with most retries, and whether the figures cover every row."""
     if top <= 0:
@@ -127,7 +132,7 @@ def top_failing(cur: Cursor, top: int, window: int) -> tuple[tuple[FailingTask, 
     cur.execute(queries()["top_failing"], {"top": top, "window": window})
     rows = cur.fetchall()
     tasks = tuple(
-        FailingTask(task_name=name, failing=int(f), dead_letters=int(d), retries=int(r or 0))
+        FailingTask(task_name=_text(name), failing=int(f), dead_letters=int(d), retries=int(r))
         for name, f, d, r, _ in rows
     )
     return tasks, not any(row[4] for row in rows)
