@@ -75,16 +75,17 @@ def _unprivileged_user() -> pwd.struct_passwd:
 
 
 def _executable(base: Path) -> str:
+    """A pg_ctl wrapper: UTF-8 clusters always, and an unprivileged user when we are root."""
     pg_ctl = find_pg_ctl()
-    if os.geteuid() != 0:
-        return pg_ctl
-    user = _unprivileged_user()
-    os.chown(base, user.pw_uid, user.pw_gid)
-    wrapper = base / "pg_ctl-as-user"
-    wrapper.write_text(
-        f"#!/bin/sh\nexec setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups "
-        f'--reset-env "{pg_ctl}" "$@"\n'
-    )
+    # initdb takes the cluster's encoding from the locale; without this a bare environment
+    # gives SQL_ASCII, which would hide encoding bugs production (UTF-8) would show.
+    command = f'env LC_ALL=C.UTF-8 LANG=C.UTF-8 "{pg_ctl}" "$@"'
+    if os.geteuid() == 0:
+        user = _unprivileged_user()
+        os.chown(base, user.pw_uid, user.pw_gid)
+        command = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups --reset-env {command}"
+    wrapper = base / "pg_ctl-wrapper"
+    wrapper.write_text(f"#!/bin/sh\nexec {command}\n")
     wrapper.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     return str(wrapper)
 

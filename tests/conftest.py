@@ -163,3 +163,18 @@ def redis_queue(redis_url: str, queue_name: str) -> Iterator[Any]:
     queue = RedisQueue(redis_url, queue_name)
     yield queue
     queue.clear()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[Any]:
+    """A redis-server of this test's own, which the test may stop and restart."""
+    import shutil
+
+    from devtools import redisserver
+
+    if shutil.which("redis-server") is None:
+        if IN_CI:
+            pytest.fail("redis-server is not installed; CI requires it")
+        pytest.skip("redis-server is not installed")
+    with redisserver.running() as server:
+        yield server

@@ -257,9 +257,17 @@ class Relay:
         if decided.outages:
             self.metrics.deferred(decided.outages)
             if self.breaker.record_outage():
-                log.error("outbox.breaker_opened", cooldown=self.config.broker_outage_cooldown)
+                log.error(
+                    "outbox.breaker_opened",
+                    cooldown=self.config.broker_outage_cooldown,
+                    error=decided.outage_error,
+                )
             else:
-                log.warning("outbox.broker_unavailable", deferred=decided.outages)
+                log.warning(
+                    "outbox.broker_unavailable",
+                    deferred=decided.outages,
+                    error=decided.outage_error,
+                )
         elif decided.published and self.breaker.record_success():
             log.info("outbox.breaker_closed")
         log.debug(

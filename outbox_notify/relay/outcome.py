@@ -21,6 +21,7 @@ class Decided:
     dead: list[tuple[ClaimedRow, Dead]]
     outages: int
     skipped: int
+    outage_error: str | None = None
 
 
 class OutcomePolicy:
@@ -52,6 +53,7 @@ class OutcomePolicy:
             for row, why in undecodable
         ]
         outages = skipped = 0
+        outage_error = None
         for row, attempt in attempts:
             result = self._effective(row, attempt)
             if result is Result.PUBLISHED:
@@ -60,6 +62,7 @@ class OutcomePolicy:
                 self._fail(row, attempt.error or "unknown error", retried, dead)
             elif result is Result.OUTAGE:
                 outages += 1
+                outage_error = outage_error or attempt.error
             else:
                 skipped += 1
         outcome = Outcome(

@@ -102,7 +102,10 @@ class KombuPublisher:
             with contextlib.suppress(Exception):
                 conn.release()
             raise BrokerUnavailable(f"cannot connect to the broker: {_error_text(exc)}") from exc
-        self.outage_errors = OUTAGE_ERRORS + tuple(conn.connection_errors)
+        # kombu's Redis transport counts KeyError as a connection error; here it is what an
+        # unknown compression or serializer raises for one message, so it stays ordinary.
+        extra = tuple(e for e in conn.connection_errors if not issubclass(e, LookupError))
+        self.outage_errors = OUTAGE_ERRORS + extra
         self.conn, self.producer = conn, producer
         log.info("outbox.broker_connected", transport=conn.transport.driver_type)
         return producer
