@@ -73,10 +73,12 @@ class RetriesFilter(admin.SimpleListFilter):
 
 
 def _preview(text: str | None) -> str:
+    """The start of a long text for a list column."""
     return redaction.truncate(text or "", TEXT_PREVIEW)
 
 
 def _header(obj: OutboxMessage | DeadLetter, key: str) -> Any:
+    """One Celery message header from a row's stored options, None when absent."""
     options = obj.options if isinstance(obj.options, dict) else {}
     headers = options.get("headers")
     return headers.get(key) if isinstance(headers, dict) else None

@@ -79,10 +79,12 @@ class Rebased:
 
 
 def _alias(using: str | None) -> str:
+    """The database alias to work on: the one given, else OUTBOX_NOTIFY_DATABASE."""
     return using or conf.database_alias()
 
 
 def _db_now(cur: Cursor) -> datetime:
+    """The database's now() (its transaction start), the clock created_at and dead_at use."""
     cur.execute(queries()["database_now"])
     now: datetime = cur.fetchone()[0]
     return now
@@ -102,6 +104,7 @@ def purge_plan(cutoff: datetime, using: str | None = None) -> dict[str, int]:
 
 
 def _purge_chunk(alias: str, cutoff: datetime, chunk_size: int) -> int:
+    """Delete one chunk in its own transaction; return how many rows went."""
     with transaction.atomic(using=alias), connections[alias].cursor() as cur:
         cur.execute(queries()["purge_dead_letters_chunk"], {"cutoff": cutoff, "chunk": chunk_size})
         return int(cur.rowcount)
@@ -180,6 +183,7 @@ def rebase_options(text: str, now: datetime) -> Rebased:
 
 
 def _move(cur: Cursor, ids: Sequence[int], options: Sequence[str]) -> int:
+    """Move these locked dead letters to the outbox with their new options; return the count."""
     cur.execute(
         queries()["requeue_dead_letters_chunk"], {"ids": list(ids), "options": list(options)}
     )

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import structlog
 
 from outbox_notify import conf
+from outbox_notify.exceptions import ConfigurationError
 
 log = structlog.get_logger("outbox_notify")
 
@@ -96,6 +97,7 @@ class DogStatsdMetrics:
         self.tags = TaskNameTags(self.MAX_TASK_NAMES if max_task_names is None else max_task_names)
 
     def _send(self, kind: str, metric: str, value: float, tags: list[str] | None = None) -> None:
+        """Call the client's `kind` method (increment, gauge...), swallowing any error."""
         try:
             getattr(self.client, kind)(metric, value, tags=tags)
         except Exception as exc:  # metrics must never break the relay
@@ -150,7 +152,7 @@ def from_settings() -> Metrics:
     """The metrics sink the settings ask for (NullMetrics unless OUTBOX_NOTIFY_STATSD_HOST)."""
     try:
         settings = conf.statsd()
-    except (ValueError, TypeError) as exc:
+    except (ConfigurationError, ValueError, TypeError) as exc:
         log.warning("outbox.metrics_disabled", reason="invalid StatsD settings", error=str(exc))
         return NullMetrics()
     if settings is None:

@@ -45,6 +45,7 @@ def redact(
 
 
 def _json(value: Any) -> str:
+    """Values as readable JSON (non-ASCII kept, unknown types as str)."""
     return json.dumps(value, ensure_ascii=False, default=str)
 
 

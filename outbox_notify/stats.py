@@ -121,6 +121,7 @@ def bounded_count(cur: Cursor, count_query: str, estimate_query: str, limit: int
 
 
 def _text(value: str | bytes) -> str:
+    """A text column's value as str, whatever the server's encoding."""
     # psycopg hands back bytes from a SQL_ASCII database; task names are UTF-8 there too.
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox_notify import deadletter
+from outbox_notify.exceptions import ConfigurationError
 
 
 class Command(BaseCommand):
@@ -24,11 +25,14 @@ class Command(BaseCommand):
         parser.add_argument("--chunk-size", type=int, default=deadletter.CHUNK_SIZE)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        result = deadletter.purge(
-            options["older_than_days"],
-            dry_run=options["dry_run"],
-            chunk_size=options["chunk_size"],
-        )
+        try:
+            result = deadletter.purge(
+                options["older_than_days"],
+                dry_run=options["dry_run"],
+                chunk_size=options["chunk_size"],
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         if result.dry_run:
             self.stdout.write(
                 f"would delete {result.deleted} dead letters that died before "

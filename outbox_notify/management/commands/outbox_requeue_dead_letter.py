@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox_notify import deadletter
+from outbox_notify.exceptions import ConfigurationError
 
 
 class Command(BaseCommand):
@@ -27,14 +28,17 @@ class Command(BaseCommand):
         parser.add_argument("--chunk-size", type=int, default=deadletter.CHUNK_SIZE)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        selector = deadletter.Selector(
-            ids=tuple(options["ids"] or ()),
-            task_name=options["task_name"],
-            everything=options["everything"],
-        )
-        result = deadletter.requeue(
-            selector, dry_run=options["dry_run"], chunk_size=options["chunk_size"]
-        )
+        try:
+            selector = deadletter.Selector(
+                ids=tuple(options["ids"] or ()),
+                task_name=options["task_name"],
+                everything=options["everything"],
+            )
+            result = deadletter.requeue(
+                selector, dry_run=options["dry_run"], chunk_size=options["chunk_size"]
+            )
+        except ConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         verb = "would requeue" if result.dry_run else "requeued"
         self.stdout.write(f"{verb} {result.moved} dead letters")
         for name, count in result.by_task.items():
