@@ -283,3 +283,11 @@ def test_selector_rejects_ambiguous_choices() -> None:
         deadletter.Selector()
     with pytest.raises(ConfigurationError):
         deadletter.Selector(ids=(1,), everything=True)
+
+
+def test_purge_rejects_a_negative_age() -> None:
+    """--older-than-days below 0 is a command error, and nothing is deleted."""
+    add_dead_letter(days_ago=40)
+    with pytest.raises(CommandError, match="older_than_days must be >= 0"):
+        run("outbox_purge_dead_letter", "--older-than-days", "-1")
+    assert DeadLetter.objects.count() == 1

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -226,3 +229,23 @@ def test_fail_if_lag_above_exits_2_only_when_the_oldest_row_is_older() -> None:
         run_stats("--format", "json", "--fail-if-lag-above", "60")
     assert excinfo.value.returncode == 2
     assert "above --fail-if-lag-above=60" in str(excinfo.value)
+
+
+def test_manage_py_exit_code_is_2_when_lagging(subprocess_env: dict[str, Any]) -> None:
+    """Run as a real process (as a probe does), outbox_stats exits 2 above the lag limit, else 0."""
+    add_message(age=120)
+    command = [sys.executable, "-m", "django", "outbox_stats", "--top", "0"]
+    calm, lagging = (
+        subprocess.run(
+            [*command, "--fail-if-lag-above", limit],
+            env=subprocess_env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        for limit in ("600", "60")
+    )
+    assert calm.returncode == 0, calm.stderr
+    assert lagging.returncode == 2, lagging.stderr
+    assert b"queue_depth            1" in lagging.stdout
+    assert b"above --fail-if-lag-above=60" in lagging.stderr
