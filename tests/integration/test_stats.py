@@ -253,8 +253,7 @@ def test_manage_py_exit_code_is_2_when_lagging(subprocess_env: dict[str, Any]) -
 
 def test_session_names_match_the_relay() -> None:
     """The application names the stats look for are the ones the relay's connections set."""
-    from outbox_notify.relay.listener import LISTEN_APPLICATION_NAME
-    from outbox_notify.relay.store import CLAIM_APPLICATION_NAME
+    from outbox_notify.relay.config import CLAIM_APPLICATION_NAME, LISTEN_APPLICATION_NAME
 
     query = stats.queries()["relay_sessions"]
     assert f"'{LISTEN_APPLICATION_NAME}'" in query
