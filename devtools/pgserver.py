@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,6 +114,7 @@ class PrivateServer:
     def start(self) -> None:
         """Start again after stop(), on the same port and data."""
         self.executor.start()
+        wait_until_accepting(self.url())
         self.stopped = False
 
     def restart(self) -> None:
@@ -126,6 +128,21 @@ class PrivateServer:
             if not self.stopped:
                 self.executor.stop()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def wait_until_accepting(url: str, timeout: float = 60.0) -> None:
+    """Block until the server takes connections (its port opens while it is still starting up)."""
+    import psycopg
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with psycopg.connect(url, connect_timeout=2):
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def start(options: str = FAST_OPTIONS, port: int | None = None) -> PrivateServer:
@@ -148,6 +165,7 @@ def start(options: str = FAST_OPTIONS, port: int | None = None) -> PrivateServer
             timeout=120,
         )
         executor.start()
+        wait_until_accepting(f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres")
     except BaseException:
         shutil.rmtree(base, ignore_errors=True)
         raise

@@ -15,7 +15,7 @@ from django.db import connections, transaction
 from outbox_notify import conf, context, serialization, signals
 from outbox_notify import sql as sql_files
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.models import SCHEMA_VERSION
+from outbox_notify.serialization import SCHEMA_VERSION
 
 log = structlog.get_logger("outbox_notify")
 
@@ -25,6 +25,12 @@ _BROKER_ARGS = ("producer", "connection", "publisher")
 
 class _NoConnection:
     """The `producer.connection` Celery's send_task touches; nothing here talks to a broker."""
+
+    # Celery wraps a worker's callback publishes in a retry loop keyed on these.
+    connection_errors: tuple[type[BaseException], ...] = ()
+    channel_errors: tuple[type[BaseException], ...] = ()
+    recoverable_connection_errors: tuple[type[BaseException], ...] = ()
+    recoverable_channel_errors: tuple[type[BaseException], ...] = ()
 
     @contextlib.contextmanager
     def _reraise_as_library_errors(self) -> Iterator[None]:
@@ -37,6 +43,9 @@ class RecordingProducer:
     def __init__(self) -> None:
         self.connection = _NoConnection()
         self.recorded: tuple[Any, dict[str, Any]] | None = None
+
+    def revive(self, channel: Any) -> None:
+        """Nothing to revive: there is no channel."""
 
     def publish(self, body: Any, **kwargs: Any) -> None:
         # Only the task message is kept; a `task-sent` event Celery may publish through the

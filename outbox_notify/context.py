@@ -24,6 +24,10 @@ def _sentry_context() -> dict[str, str]:
         import sentry_sdk
     except ImportError:
         return {}
+    # Without a configured client the SDK still invents a trace id; propagating it would
+    # only add headers nobody reads.
+    if not sentry_sdk.is_initialized():
+        return {}
     headers: dict[str, str] = {}
     traceparent = sentry_sdk.get_traceparent()
     baggage = sentry_sdk.get_baggage()

@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.db import models
 
 from outbox_notify.fields import JSONTextField
+from outbox_notify.serialization import SCHEMA_VERSION
 
-SCHEMA_VERSION = 1  # the layout of `options` the write side produces and the relay reads
+__all__ = ["SCHEMA_VERSION", "DeadLetter", "OutboxMessage"]
 
 
 class OutboxMessage(models.Model):

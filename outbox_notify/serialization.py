@@ -18,6 +18,10 @@ from kombu.utils import json as kombu_json
 
 from outbox_notify.exceptions import SerializationError, UndecodableMessage
 
+# The layout of `options` the write side produces and the relay reads. A relay leaves rows of
+# a newer version alone (a newer relay will publish them).
+SCHEMA_VERSION = 1
+
 # kombu.Producer.publish keywords that are not message properties. retry/retry_policy and
 # the timeouts are the relay's business, so they are dropped at capture.
 _PUBLISH_ARGS = frozenset(
@@ -135,10 +139,30 @@ def build_row(
     )
 
 
+_ENTITY_CACHE_SIZE = 256  # distinct exchanges/queues remembered by the relay
+
+
+_entities: dict[tuple[str, str], Any] = {}
+
+
+def _cached_entity(kind: str, value: Any) -> Any:
+    # Most messages route through the same few queues: build each kombu entity once. The
+    # key is the repr of the decoded JSON, which is cheap and exact for JSON values.
+    key = (kind, repr(value))
+    entity = _entities.get(key)
+    if entity is None:
+        entity = Exchange(**value["exchange"]) if kind == "exchange" else _queue_from_json(value)
+        if len(_entities) >= _ENTITY_CACHE_SIZE:
+            _entities.clear()
+        _entities[key] = entity
+    return entity
+
+
 def _exchange_from_json(value: Any) -> str | Exchange:
     if value is None or isinstance(value, str):
         return value or ""
-    return Exchange(**value["exchange"])
+    result: Exchange = _cached_entity("exchange", value)
+    return result
 
 
 def _binding_from_json(value: Mapping[str, Any]) -> binding:
@@ -175,7 +199,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             serializer=options.get("serializer") or "json",
             compression=options.get("compression"),
             delivery_mode=options.get("delivery_mode"),
-            declare=[_queue_from_json(q) for q in options.get("declare") or ()],
+            declare=[_cached_entity("queue", q) for q in options.get("declare") or ()],
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc

@@ -9,7 +9,10 @@ from outbox_notify import OutboxCelery
 app = OutboxCelery("tests")
 app.conf.update(
     broker_url=os.environ.get("OUTBOX_TEST_BROKER_URL", "redis://127.0.0.1:6379/15"),
-    result_backend=os.environ.get("OUTBOX_TEST_RESULT_BACKEND") or None,
+    # Chords need a result backend; enqueueing never contacts it (OutboxCelery skips the
+    # backend's send-time subscription), so a default that may be down is harmless.
+    result_backend=os.environ.get("OUTBOX_TEST_RESULT_BACKEND")
+    or os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"),
     task_default_queue=os.environ.get("OUTBOX_TEST_QUEUE", "outbox-notify-tests"),
     broker_connection_retry_on_startup=False,
     broker_connection_timeout=3,
@@ -23,9 +26,16 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@app.task(name="tests.fail")
+def fail(*args: object, **kwargs: object) -> None:
+    """A task that always raises (drives link_error)."""
+    raise RuntimeError("tests.fail always fails")
+
+
 @app.task(name="tests.record")
-def record(*args: object, **kwargs: object) -> None:
-    """A task that records its execution (used with a real worker)."""
+def record(*args: object, **kwargs: object) -> str:
+    """A task that records its execution (used with a real worker) and returns a marker."""
     from tests.testapp.tasks import record_execution
 
     record_execution(args, kwargs)
+    return "recorded"

@@ -178,3 +178,51 @@ def private_redis() -> Iterator[Any]:
         pytest.skip("redis-server is not installed")
     with redisserver.running() as server:
         yield server
+
+
+@pytest.fixture
+def start_worker(relay_env: dict[str, Any], tmp_path: Any) -> Iterator[Any]:
+    """Start a real Celery worker on the given queue; it records executions to a JSON-lines file."""
+    import subprocess
+    import sys
+
+    started: list[tuple[subprocess.Popen[bytes], Any]] = []
+
+    def start(queue: str, env: dict[str, Any] | None = None) -> Any:
+        record_file = tmp_path / f"executions-{len(started)}.jsonl"
+        log_file = (tmp_path / f"worker-{len(started)}.log").open("ab")
+        worker_env = dict(env or relay_env, OUTBOX_TEST_RECORD_FILE=str(record_file))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "worker",
+                "-Q",
+                queue,
+                "--pool",
+                "solo",
+                "--without-heartbeat",
+                "--without-mingle",
+                "--without-gossip",
+                "--loglevel",
+                "info",
+            ],
+            env=worker_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+        started.append((proc, log_file))
+        return record_file
+
+    yield start
+    for proc, log_file in started:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+        log_file.close()

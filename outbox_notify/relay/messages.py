@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 from typing import Any
 
 from kombu.utils import json as kombu_json
 
 from outbox_notify.exceptions import UndecodableMessage
-from outbox_notify.models import SCHEMA_VERSION
 from outbox_notify.relay.store import ClaimedRow
-from outbox_notify.serialization import PublishSpec, decode_options, expiration_seconds
+from outbox_notify.serialization import (
+    SCHEMA_VERSION,
+    PublishSpec,
+    decode_options,
+    expiration_seconds,
+)
 
 JSON_CONTENT_TYPE = "application/json"
+TYPE_TAG = '"__type__"'
+PLAIN_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+PLAIN_EMBED_TEXT = kombu_json.dumps(PLAIN_EMBED)
 SENTRY_HEADERS = ("sentry-trace", "baggage")
 
 
@@ -27,12 +35,14 @@ class OutgoingMessage:
     headers: dict[str, Any]
     expiration: float | None
     log_context: dict[str, Any]
+    plain: bool  # only plain JSON types inside: the C encoder may serialise the envelope
 
 
 def _decode_json(text: str, what: str) -> Any:
     try:
-        # kombu's decoder revives the datetimes and UUIDs it tagged at enqueue.
-        return kombu_json.loads(text)
+        # kombu's decoder revives the datetimes and UUIDs it tagged at enqueue; the plain
+        # decoder is several times faster and enough when nothing is tagged.
+        return kombu_json.loads(text) if TYPE_TAG in text else json.loads(text)
     except ValueError as exc:
         raise UndecodableMessage(f"{what} is not valid JSON: {exc}") from exc
 
@@ -41,7 +51,8 @@ def _body(row: ClaimedRow, spec: PublishSpec) -> Any:
     if spec.serializer == "json":
         # The stored text is already kombu's JSON: splice it instead of decoding and
         # re-encoding every argument.
-        return f"[{row.args}, {row.kwargs}, {kombu_json.dumps(spec.embed)}]"
+        embed = PLAIN_EMBED_TEXT if spec.embed == PLAIN_EMBED else kombu_json.dumps(spec.embed)
+        return f"[{row.args}, {row.kwargs}, {embed}]"
     args = kombu_json.loads(row.args)
     kwargs = kombu_json.loads(row.kwargs)
     return (args, kwargs, spec.embed)
@@ -65,7 +76,7 @@ def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
     options = _decode_json(row.options, "options")
     if not isinstance(options, dict):
         raise UndecodableMessage("options is not a JSON object")
-    context = _decode_json(row.context, "context") if row.context not in ("", "{}") else {}
+    context = _decode_json(row.context, "context") if len(row.context) > 2 else {}
     spec = decode_options(options)
     try:
         expiration = expiration_seconds(spec.headers, now)
@@ -78,5 +89,6 @@ def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
         spec=spec,
         headers=_headers(spec, context if isinstance(context, dict) else {}),
         expiration=expiration,
+        plain=TYPE_TAG not in row.options,
         log_context=dict(context.get("structlog") or {}) if isinstance(context, dict) else {},
     )

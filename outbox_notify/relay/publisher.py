@@ -70,7 +70,8 @@ def _transport_options(driver: str, timeout: float) -> dict[str, Any]:
     return {}
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An exception as one line of text for logs and last_error."""
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
@@ -84,7 +85,8 @@ class KombuPublisher:
         self.producer: Producer | None = None
         self.outage_errors: tuple[type[BaseException], ...] = OUTAGE_ERRORS
 
-    def _connect(self) -> Producer:
+    def connect(self) -> Producer:
+        """The producer on the live connection, connecting first when needed."""
         if self.producer is not None:
             return self.producer
         conn = self.app.connection_for_write(connect_timeout=self.send_timeout)
@@ -101,7 +103,7 @@ class KombuPublisher:
         except Exception as exc:
             with contextlib.suppress(Exception):
                 conn.release()
-            raise BrokerUnavailable(f"cannot connect to the broker: {_error_text(exc)}") from exc
+            raise BrokerUnavailable(f"cannot connect to the broker: {error_text(exc)}") from exc
         # kombu's Redis transport counts KeyError as a connection error; here it is what an
         # unknown compression or serializer raises for one message, so it stays ordinary.
         extra = tuple(e for e in conn.connection_errors if not issubclass(e, LookupError))
@@ -112,7 +114,7 @@ class KombuPublisher:
 
     def check(self) -> None:
         """Raise BrokerUnavailable unless a connection to the broker can be made now."""
-        self._connect()
+        self.connect()
 
     def close(self) -> None:
         """Drop the broker connection; the next publish reconnects."""
@@ -148,7 +150,7 @@ class KombuPublisher:
     ) -> list[Attempt]:
         """Publish in order; stop at the first outage (the rest are outage too)."""
         try:
-            producer = self._connect()
+            producer = self.connect()
         except BrokerUnavailable as exc:
             return [Attempt(Result.OUTAGE, str(exc))] * len(messages)
         batch = getattr(producer, "batch", None)
@@ -183,10 +185,10 @@ class KombuPublisher:
                 self._send(producer, message)
         except self.outage_errors as exc:
             self.close()
-            return Attempt(Result.OUTAGE, _error_text(exc), blamed=True)
+            return Attempt(Result.OUTAGE, error_text(exc), blamed=True)
         except Exception as exc:
             self._revive_channel()
-            return Attempt(Result.FAILED, _error_text(exc))
+            return Attempt(Result.FAILED, error_text(exc))
         return Attempt(Result.PUBLISHED)
 
     def _revive_channel(self) -> None:
@@ -216,7 +218,7 @@ class KombuPublisher:
             # The pipeline did not go through: we cannot know which commands the server ran,
             # so every buffered message is retried later (a possible duplicate, never a loss).
             self.close()
-            error = _error_text(exc)
+            error = error_text(exc)
             done = [
                 Attempt(Result.OUTAGE, error) if a.result is Result.PUBLISHED else a
                 for a in attempts
@@ -231,5 +233,5 @@ class KombuPublisher:
         except self.outage_errors:
             raise
         except Exception as exc:
-            return Attempt(Result.FAILED, _error_text(exc))
+            return Attempt(Result.FAILED, error_text(exc))
         return Attempt(Result.PUBLISHED)

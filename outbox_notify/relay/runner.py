@@ -14,6 +14,7 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import KombuPublisher
+from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimStore, connection_kwargs
 
 
@@ -29,7 +30,7 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         config,
         store=ClaimStore(params, stale_timeout=config.stale_timeout),
         listener=listener,
-        publisher=KombuPublisher(app, send_timeout=config.send_timeout),
+        publisher=RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)),
         metrics=metrics.from_settings(),
     )
 

@@ -17,8 +17,8 @@ from psycopg import errors as pg_errors
 
 from outbox_notify import sql
 from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable
-from outbox_notify.models import SCHEMA_VERSION
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
+from outbox_notify.serialization import SCHEMA_VERSION
 
 # TCP keepalives so a relay notices a vanished server in seconds, not hours.
 KEEPALIVES = {
@@ -30,7 +30,7 @@ KEEPALIVES = {
 CONNECT_TIMEOUT = 10  # seconds
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class ClaimedRow:
     """One outbox row held by this relay's open claim."""
 
@@ -147,7 +147,8 @@ class ClaimStore:
                 cursor = conn.execute(
                     self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
                 )
-            rows = [ClaimedRow(**_row_dict(cursor.description, r)) for r in cursor.fetchall()]
+            # Columns come in ClaimedRow's field order (see claim_batch in sql/queries.sql).
+            rows = [ClaimedRow(*values) for values in cursor.fetchall()]
         claim = Claim(self, rows)
         try:
             yield claim
@@ -195,10 +196,6 @@ class Claim:
         """Apply the outcome and commit; rows not named in it are released untouched."""
         self.store.finish(outcome)
         self.finished = True
-
-
-def _row_dict(description: Any, values: Sequence[Any]) -> dict[str, Any]:
-    return {column.name: value for column, value in zip(description, values, strict=True)}
 
 
 def _finalize_params(outcome: Outcome) -> dict[str, Any]:

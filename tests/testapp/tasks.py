@@ -27,6 +27,7 @@ def record_execution(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         "timelimit": request.timelimit,
         "ignore_result": request.ignore_result,
         "shadow": getattr(request, "shadow", None),
+        "x-tenant": getattr(request, "x-tenant", None) or request.get("x-tenant"),
         "retries": request.retries,
     }
     with open(path, "a", encoding="utf-8") as handle:
