@@ -1,0 +1,1 @@
+"""The pieces `python -m example.demo` is built from: services, processes, orders, report."""
