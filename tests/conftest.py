@@ -20,6 +20,8 @@ import pytest
 
 from devtools import pgserver
 
+pytest_plugins = ["pytester"]
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 REDIS_URL = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 AMQP_URL = os.environ.get("OUTBOX_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")

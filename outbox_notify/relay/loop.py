@@ -28,7 +28,7 @@ from outbox_notify.relay.listener import Listener, LockState, Wake
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import Publisher
-from outbox_notify.relay.store import ClaimedRow, ClaimStore, Peek
+from outbox_notify.relay.store import ClaimedRow, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
 
@@ -45,7 +45,7 @@ class Relay:
         self,
         config: RelayConfig,
         *,
-        store: ClaimStore,
+        store: Store,
         listener: Listener | None,
         publisher: Publisher,
         clock: Clock | None = None,

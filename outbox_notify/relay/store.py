@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -81,6 +81,15 @@ class Peek:
     claimable: bool
     due: bool
     next_due_in: float | None
+
+
+class Store(Protocol):
+    """What the relay loop needs from its claim side (ClaimStore; a savepoint store in tests)."""
+
+    def connect(self) -> None: ...
+    def close(self) -> None: ...
+    def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
+    def peek(self) -> Peek: ...
 
 
 def connection_kwargs(alias: str) -> dict[str, Any]:
@@ -169,7 +178,7 @@ class ClaimStore:
         conn = self._connection()
         with translated("finalising a batch"), conn.pipeline():
             if outcome.retry or outcome.dead:
-                conn.execute(self.queries["finalize_batch"], _finalize_params(outcome))
+                conn.execute(self.queries["finalize_batch"], finalize_params(outcome))
             elif outcome.published:
                 conn.execute(self.queries["delete_published"], {"ids": list(outcome.published)})
             conn.commit()
@@ -198,7 +207,8 @@ class Claim:
         self.finished = True
 
 
-def _finalize_params(outcome: Outcome) -> dict[str, Any]:
+def finalize_params(outcome: Outcome) -> dict[str, Any]:
+    """Parameters of the finalize_batch query for an outcome."""
     return {
         "published": list(outcome.published),
         "retry_ids": [r.id for r in outcome.retry],

@@ -1,0 +1,147 @@
+"""In-process relaying for users' tests: the real relay code path, an in-memory broker.
+
+The store here runs the relay's own named queries on Django's connection inside a
+savepoint, so it sees rows the test wrote in its still-open transaction, and the recording
+publisher stands where the broker would be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from outbox_notify import conf, sql
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.messages import OutgoingMessage
+from outbox_notify.relay.publisher import Attempt, Result
+from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, finalize_params
+from outbox_notify.serialization import SCHEMA_VERSION
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PublishedMessage:
+    """A message the fake relay published: what a worker would have received."""
+
+    task_id: str
+    task_name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str | None
+
+
+class RecordingPublisher:
+    """A Publisher that keeps every message in memory instead of sending it."""
+
+    def __init__(self) -> None:
+        self.published: list[PublishedMessage] = []
+
+    def publish(
+        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+    ) -> list[Attempt]:
+        """Record each message; all succeed."""
+        for message in messages:
+            self.published.append(_published(message))
+        return [Attempt(Result.PUBLISHED)] * len(messages)
+
+    def check(self) -> None:
+        """Always reachable."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def _published(message: OutgoingMessage) -> PublishedMessage:
+    body = json.loads(message.body) if isinstance(message.body, str) else list(message.body)
+    exchange = message.spec.exchange
+    return PublishedMessage(
+        task_id=message.row.task_id,
+        task_name=message.row.task_name,
+        args=list(body[0]),
+        kwargs=dict(body[1]),
+        headers=dict(message.headers),
+        properties=dict(message.spec.properties),
+        exchange=exchange if isinstance(exchange, str) else exchange.name,
+        routing_key=message.spec.routing_key,
+    )
+
+
+class SavepointClaim:
+    """A claim held inside a savepoint of the test's transaction."""
+
+    def __init__(self, store: SavepointStore, rows: list[ClaimedRow]) -> None:
+        self.store = store
+        self.rows = rows
+        self.finished = False
+
+    def finish(self, outcome: Outcome) -> None:
+        """Apply the outcome (the savepoint is released when the claim block ends)."""
+        self.store.apply(outcome)
+        self.finished = True
+
+
+class SavepointStore:
+    """The relay's claim store, on Django's connection and inside savepoints."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.queries = sql.queries()
+
+    def connect(self) -> None:
+        """Django's connection is already there."""
+
+    def close(self) -> None:
+        """Django owns the connection."""
+
+    @contextlib.contextmanager
+    def claim(self, limit: int) -> Iterator[SavepointClaim]:
+        """Claim rows inside a savepoint; an exception rolls the savepoint back."""
+        with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
+            cursor.execute(
+                self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
+            )
+            yield SavepointClaim(self, [ClaimedRow(*values) for values in cursor.fetchall()])
+
+    def apply(self, outcome: Outcome) -> None:
+        """Run the finalising statement of a batch."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(self.queries["finalize_batch"], finalize_params(outcome))
+
+    def peek(self) -> Peek:
+        """Nothing waits in tests: report claimable work only."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION})
+            claimable, due, next_due_in = cursor.fetchone()
+        return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
+
+
+class FakeRelay:
+    """Drains the outbox through the real relay loop into a RecordingPublisher."""
+
+    def __init__(self, config: RelayConfig | None = None) -> None:
+        self.publisher = RecordingPublisher()
+        self.relay = Relay(
+            config or RelayConfig(),
+            store=SavepointStore(conf.database_alias()),
+            listener=None,
+            publisher=self.publisher,
+        )
+
+    @property
+    def published(self) -> list[PublishedMessage]:
+        """Everything published so far, in order."""
+        return self.publisher.published
+
+    def drain(self) -> list[PublishedMessage]:
+        """Publish every due row; return the messages this call published."""
+        before = len(self.publisher.published)
+        self.relay.drain()
+        return self.publisher.published[before:]
