@@ -79,11 +79,17 @@ CREATE INDEX outbox_notify_dead_letter_v1_task_id_idx
 --
 -- The payload is empty and constant, so all the rows of one transaction fold into one
 -- notification. The table is the truth; the notification is only a wake-up.
+--
+-- When PostgreSQL's notification queue is more than half full (some session LISTENs and
+-- then sits in a long transaction), a NOTIFY could make the writer's COMMIT fail once the
+-- queue is full. The trigger then skips the wake-up: the business write matters more, and
+-- relays still find the row on their sweep timer.
 CREATE FUNCTION outbox_notify_wake_v1() RETURNS trigger
     LANGUAGE plpgsql
 AS $$
 BEGIN
-    IF NOT pg_try_advisory_xact_lock_shared(1869968482, 1) THEN
+    IF NOT pg_try_advisory_xact_lock_shared(1869968482, 1)
+       AND pg_notification_queue_usage() < 0.5 THEN
         PERFORM pg_notify('outbox_notify_v1', '');
     END IF;
     RETURN NULL;
