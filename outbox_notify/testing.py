@@ -122,6 +122,13 @@ class SavepointStore:
             claimable, due, next_due_in = cursor.fetchone()
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
+    def queue_gauges(self) -> tuple[int, float]:
+        """Queue depth and oldest pending age, through the same stats core."""
+        from outbox_notify import stats
+
+        snapshot = stats.collect(connections[self.alias], top=0)
+        return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
+
 
 class FakeRelay:
     """Drains the outbox through the real relay loop into a RecordingPublisher."""

@@ -40,6 +40,7 @@ class Relay:
     RECONNECT_CAP = 10.0  # seconds
     PEER_RECHECK = 1.0  # seconds: how long to trust that a peer relay holds the wake lock
     DUE_SLACK = 0.001  # seconds added to a retry's due time so it is due when we wake
+    GAUGE_INTERVAL = 15.0  # seconds between queue depth/age samples (only with metrics on)
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class Relay:
         self.polling = listener is None or config.poll_only
         self.stop_requested_at: float | None = None
         self.connected = False
+        self.next_gauges = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -141,7 +143,16 @@ class Relay:
             return
         if not self.drain() or self.stopping:
             return
+        self.sample_gauges()
         self.sleep_until_work()
+
+    def sample_gauges(self) -> None:
+        """Send queue depth and oldest age to metrics now and then (never when metrics are off)."""
+        if isinstance(self.metrics, NullMetrics) or self.clock.monotonic() < self.next_gauges:
+            return
+        self.next_gauges = self.clock.monotonic() + self.GAUGE_INTERVAL
+        depth, oldest = self.store.queue_gauges()
+        self.metrics.queue(depth, oldest)
 
     def drain(self) -> bool:
         """Process batches until one comes back short; False when the broker is down."""

@@ -90,6 +90,7 @@ class Store(Protocol):
     def close(self) -> None: ...
     def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
     def peek(self) -> Peek: ...
+    def queue_gauges(self) -> tuple[int, float]: ...
 
 
 def connection_kwargs(alias: str) -> dict[str, Any]:
@@ -191,6 +192,16 @@ class ClaimStore:
             conn.commit()
         claimable, due, next_due_in = cursor.fetchone() or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
+
+    def queue_gauges(self) -> tuple[int, float]:
+        """Queue depth and the oldest pending row's age in seconds (cheap, estimated when large)."""
+        from outbox_notify import stats
+
+        conn = self._connection()
+        with translated("sampling queue gauges"):
+            snapshot = stats.collect(conn, top=0)
+            conn.commit()
+        return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
 
 
 class Claim:

@@ -1,0 +1,194 @@
+"""The relay loop's decisions with fakes for the store, publisher, clock and metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.messages import OutgoingMessage
+from outbox_notify.relay.publisher import Attempt, Result
+from outbox_notify.relay.store import ClaimedRow, Outcome, Peek
+
+OPTIONS = json.dumps({"headers": {"id": "x", "task": "t"}, "exchange": "", "routing_key": "q"})
+
+
+def row(n: int, retries: int = 0, options: str = OPTIONS) -> ClaimedRow:
+    return ClaimedRow(
+        n, f"id-{n}", "t", "[]", "{}", options, "{}", retries, 1, dt.datetime.now(dt.UTC)
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class FakeClaim:
+    def __init__(self, rows: list[ClaimedRow]) -> None:
+        self.rows = rows
+        self.outcome: Outcome | None = None
+
+    def finish(self, outcome: Outcome) -> None:
+        self.outcome = outcome
+
+
+class FakeStore:
+    def __init__(self, rows: list[ClaimedRow]) -> None:
+        self.rows = rows
+        self.finished: list[Outcome] = []
+        self.gauges = 0
+
+    def connect(self) -> None: ...
+    def close(self) -> None: ...
+
+    @contextlib.contextmanager
+    def claim(self, limit: int) -> Iterator[FakeClaim]:
+        claim = FakeClaim(self.rows[:limit])
+        yield claim
+        if claim.outcome is not None:
+            self.finished.append(claim.outcome)
+            gone = (
+                set(claim.outcome.published)
+                | {d.id for d in claim.outcome.dead}
+                | {r.id for r in claim.outcome.retry}
+            )
+            self.rows = [r for r in self.rows if r.id not in gone]
+
+    def peek(self) -> Peek:
+        return Peek(claimable=bool(self.rows), due=bool(self.rows), next_due_in=None)
+
+    def queue_gauges(self) -> tuple[int, float]:
+        self.gauges += 1
+        return len(self.rows), 1.5
+
+
+class ScriptedPublisher:
+    """Answers each publish with results from a function of the message."""
+
+    def __init__(self, answer: Callable[[OutgoingMessage], Attempt]) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def publish(
+        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+    ) -> list[Attempt]:
+        self.calls += 1
+        return [self.answer(m) for m in messages]
+
+    def check(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class RecordingMetrics:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args: self.calls.append((name, args))
+
+
+def relay(
+    store: FakeStore, publisher: ScriptedPublisher, metrics: Any = None, **config: Any
+) -> Relay:
+    return Relay(
+        RelayConfig(**config),
+        store=store,
+        listener=None,
+        publisher=publisher,
+        clock=FakeClock(),
+        metrics=metrics,
+    )
+
+
+def test_published_rows_are_finished_as_published() -> None:
+    """A successful batch finishes with every id in `published`."""
+    store = FakeStore([row(1), row(2)])
+    assert relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED))).process_batch() == (
+        2,
+        False,
+    )
+    assert list(store.finished[0].published) == [1, 2]
+
+
+def test_ordinary_failure_spends_a_retry_then_dead_letters() -> None:
+    """A failing message is rescheduled with backoff until max_retries, then dead-lettered."""
+    failing = ScriptedPublisher(lambda m: Attempt(Result.FAILED, "boom"))
+    store = FakeStore([row(1, retries=0), row(2, retries=2)])
+    relay(store, failing, max_retries=2, backoff_time=1.0, max_backoff=10.0).process_batch()
+    [retry] = store.finished[0].retry
+    [dead] = store.finished[0].dead
+    assert (retry.id, retry.retries, retry.error) == (1, 1, "boom")
+    assert 0.5 <= retry.delay <= 1.5
+    assert (dead.id, dead.retries) == (2, 3)
+    assert "publish failed 3 times; last error: boom" in dead.reason
+
+
+def test_outage_spends_nothing_and_opens_the_breaker() -> None:
+    """Outages leave rows untouched; the third in a row opens the breaker."""
+    store = FakeStore([row(1)])
+    r = relay(
+        store,
+        ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "refused")),
+        broker_outage_cooldown=7.0,
+    )
+    for _ in range(3):
+        assert r.process_batch() == (1, True)
+    assert all(not o.published and not o.retry and not o.dead for o in store.finished)
+    assert r.breaker.wait_time() == 7.0
+
+
+def test_a_message_blamed_three_times_becomes_an_ordinary_failure() -> None:
+    """A message whose own publish breaks the connection each time stops counting as an outage."""
+    store = FakeStore([row(1)])
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "reset", blamed=True)))
+    assert r.process_batch() == (1, True)
+    assert r.process_batch() == (1, True)
+    r.process_batch()
+    assert [x.id for x in store.finished[-1].retry] == [1]
+
+
+def test_undecodable_rows_are_dead_lettered_without_publishing() -> None:
+    """A row whose options are not JSON goes to the dead letters; the publisher never sees it."""
+    publisher = ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED))
+    store = FakeStore([row(1, options="{not json")])
+    relay(store, publisher).process_batch()
+    [dead] = store.finished[0].dead
+    assert dead.reason.startswith("undecodable:")
+    assert publisher.calls == 0
+
+
+def test_skipped_messages_are_released_untouched() -> None:
+    """Messages not attempted (deadline) appear in no list of the outcome."""
+    store = FakeStore([row(1), row(2)])
+    answers = iter([Attempt(Result.PUBLISHED), Attempt(Result.SKIPPED)])
+    relay(store, ScriptedPublisher(lambda m: next(answers))).process_batch()
+    assert list(store.finished[0].published) == [1]
+    assert not store.finished[0].retry and not store.finished[0].dead
+
+
+@pytest.mark.parametrize("with_metrics", [False, True])
+def test_queue_gauges_sampled_only_with_metrics_and_at_most_every_interval(
+    with_metrics: bool,
+) -> None:
+    """Queue gauges cost a query, so they are sampled only when metrics are on, every 15 s."""
+    metrics = RecordingMetrics() if with_metrics else None
+    store = FakeStore([])
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
+    r.sample_gauges()
+    r.sample_gauges()
+    assert store.gauges == (1 if with_metrics else 0)
+    if metrics is not None:
+        assert ("queue", (0, 1.5)) in metrics.calls
+        r.clock.now += Relay.GAUGE_INTERVAL  # type: ignore[attr-defined]
+        r.sample_gauges()
+        assert store.gauges == 2
