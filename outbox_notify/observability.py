@@ -13,6 +13,11 @@ from outbox_notify import signals
 log = structlog.get_logger("outbox_notify")
 
 
+def has_receivers(signal: Signal) -> bool:
+    """Whether sending would reach anyone (lets hot loops skip per-row work)."""
+    return signal.has_listeners()
+
+
 def send_signal(signal: Signal, **kwargs: Any) -> None:
     """send_robust, logging (never raising) what a failing receiver raised."""
     if not signal.has_listeners():

@@ -56,7 +56,13 @@ class PublishSpec:
     serializer: str
     compression: str | None
     delivery_mode: int | None
-    declare: list[Queue]
+    declare_json: list[dict[str, Any]]  # queues as stored; kombu objects built on demand
+
+    @property
+    def declare(self) -> list[Queue]:
+        """The queues to declare before publishing, as kombu objects (built once per shape)."""
+        queues: list[Queue] = [_cached_entity("queue", q) for q in self.declare_json]
+        return queues
 
 
 def dumps(value: Any, what: str) -> str:
@@ -180,6 +186,13 @@ def _queue_from_json(value: Mapping[str, Any]) -> Queue:
     return Queue(**data)
 
 
+def _declare_list(value: Any) -> list[dict[str, Any]]:
+    queues = list(value or ())
+    if not all(isinstance(q, dict) and isinstance(q.get("name"), str) for q in queues):
+        raise TypeError("declare must be a list of queue objects with a name")
+    return queues
+
+
 def decode_options(options: Mapping[str, Any]) -> PublishSpec:
     """Decode a row's `options` (schema version 1); UndecodableMessage when it is malformed."""
     try:
@@ -199,7 +212,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             serializer=options.get("serializer") or "json",
             compression=options.get("compression"),
             delivery_mode=options.get("delivery_mode"),
-            declare=[_cached_entity("queue", q) for q in options.get("declare") or ()],
+            declare_json=_declare_list(options.get("declare")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc

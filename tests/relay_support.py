@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 ROOT = Path(__file__).resolve().parent.parent
-DEADLINE = 30.0  # seconds: generous, these tests wait for events, they do not time them
+DEADLINE = 60.0  # seconds: generous, these tests wait for events, they do not time them
 
 
 def wait_for(

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import structlog
 
-from outbox_notify import observability
+from outbox_notify import observability, signals
 from outbox_notify.exceptions import DatabaseUnavailable, UndecodableMessage
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
@@ -299,8 +299,9 @@ class Relay:
             self.metrics.published(name, count)
         oldest = min(r.created_at for r in rows)
         self.metrics.lag((dt.datetime.now(dt.UTC) - oldest).total_seconds())
-        for row in rows:
-            observability.message_sent(row.task_id, row.task_name)
+        if observability.has_receivers(signals.outbox_message_sent):
+            for row in rows:
+                observability.message_sent(row.task_id, row.task_name)
 
     def _report_failures(self, decided: Decided) -> None:
         for row, retry in decided.retried:

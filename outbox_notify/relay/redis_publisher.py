@@ -32,7 +32,7 @@ def _eligible(message: OutgoingMessage) -> bool:
         return False
     if spec.serializer != "json" or spec.compression:
         return False
-    return not any(getattr(q, arg, None) for q in spec.declare for arg in _SPECIAL_QUEUE_ARGS)
+    return not any(q.get(arg) for q in spec.declare_json for arg in _SPECIAL_QUEUE_ARGS)
 
 
 class RedisPipelinePublisher:
@@ -67,10 +67,11 @@ class RedisPipelinePublisher:
     def _declare(self, channel: Any, message: OutgoingMessage) -> None:
         if channel is not self.declared_on:
             self.declared, self.declared_on = set(), channel
-        for queue in message.spec.declare:
-            if queue.name not in self.declared:
-                maybe_declare(queue, channel)
-                self.declared.add(queue.name)
+        for queue in message.spec.declare_json:
+            if queue["name"] not in self.declared:
+                for entity in message.spec.declare:
+                    maybe_declare(entity, channel)
+                    self.declared.add(entity.name)
 
     def _envelope(self, producer: Any, channel: Any, message: OutgoingMessage) -> tuple[str, str]:
         spec = message.spec
@@ -98,30 +99,42 @@ class RedisPipelinePublisher:
         messages: Sequence[OutgoingMessage],
         deadline: Callable[[], bool],
     ) -> list[Attempt]:
-        attempts: list[Attempt | None] = []
-        try:
-            pipe = channel.client.pipeline(transaction=False)
-            for message in messages:
-                if deadline():
-                    break
+        # One LPUSH per queue key with all of its messages: the same order as one LPUSH
+        # each, and a fraction of the client-side command packing.
+        keys: list[str | Attempt] = []
+        payloads: dict[str, list[str]] = {}
+        for message in messages:
+            if deadline():
+                break
+            try:
                 self._declare(channel, message)
-                try:
-                    key, payload = self._envelope(producer, channel, message)
-                except Exception as exc:
-                    attempts.append(Attempt(Result.FAILED, error_text(exc)))
-                    continue
-                pipe.lpush(key, payload)
-                attempts.append(None)
-            replies = iter(
-                pipe.execute(raise_on_error=False) if any(a is None for a in attempts) else ()
-            )
+                key, payload = self._envelope(producer, channel, message)
+            except self.fallback.outage_errors as exc:
+                self.fallback.close()
+                return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
+            except Exception as exc:
+                keys.append(Attempt(Result.FAILED, error_text(exc)))
+                continue
+            payloads.setdefault(key, []).append(payload)
+            keys.append(key)
+        try:
+            replies = self._send(channel, payloads)
         except self.fallback.outage_errors as exc:
             # The round trip failed: we cannot know which LPUSHes the server ran, so every
             # message is retried later (a possible duplicate, never a loss).
             self.fallback.close()
             return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
-        done = [a if a is not None else _reply_attempt(next(replies)) for a in attempts]
+        done = [k if isinstance(k, Attempt) else replies[k] for k in keys]
         return done + [Attempt(Result.SKIPPED)] * (len(messages) - len(done))
+
+    def _send(self, channel: Any, payloads: dict[str, list[str]]) -> dict[str, Attempt]:
+        if not payloads:
+            return {}
+        pipe = channel.client.pipeline(transaction=False)
+        for key, values in payloads.items():
+            pipe.lpush(key, *values)
+        results = pipe.execute(raise_on_error=False)
+        return {key: _reply_attempt(reply) for key, reply in zip(payloads, results, strict=True)}
 
 
 def _reply_attempt(reply: Any) -> Attempt:
