@@ -1,0 +1,242 @@
+"""After a scenario: wait for the system to drain, then count every message.
+
+The rules (docs/reliability.md): every committed message executed at least once, no rolled-back
+message ever executed, poison rows where they belong, and nothing else left in the outbox.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from chaos import poison
+from chaos.load import Tally
+
+POLL = 0.25  # seconds between drain checks
+SETTLE = 3.0  # seconds a system with only downstream losses must stay quiet to count as drained
+EXECUTIONS_SQL = """
+SELECT task_id, deliveries, redeliveries, extract(epoch FROM executed_at)::float8
+FROM chaos_execution WHERE scenario = %s
+"""
+ORDERS_SQL = "SELECT task_id FROM chaos_order WHERE task_id = ANY(%s)"
+OUTBOX_LEFT_SQL = "SELECT count(*) FROM outbox_notify_message_v1 WHERE NOT (task_id = ANY(%s))"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Execution:
+    """One task id as the ledger saw it."""
+
+    deliveries: int
+    redeliveries: int
+    first_at: float
+
+
+def executions(conn: psycopg.Connection[Any], scenario: str) -> dict[str, Execution]:
+    """Every task id the worker executed in this scenario."""
+    rows = conn.execute(EXECUTIONS_SQL, [scenario]).fetchall()
+    return {
+        str(task_id): Execution(deliveries=int(d), redeliveries=int(r), first_at=float(at))
+        for task_id, d, r, at in rows
+    }
+
+
+def resolve_ambiguous(conn: psycopg.Connection[Any], tally: Tally) -> tuple[int, int]:
+    """Settle commits whose COMMIT raised: the business row tells whether it happened."""
+    ids = list(tally.ambiguous)
+    found = {str(r[0]) for r in conn.execute(ORDERS_SQL, [ids]).fetchall()} if ids else set()
+    with tally.lock:
+        for task_id, at in tally.ambiguous.items():
+            if task_id in found:
+                tally.committed[task_id] = at
+            else:
+                tally.aborted.add(task_id)
+    return len(found), len(ids) - len(found)
+
+
+def outbox_leftover(conn: psycopg.Connection[Any], kept: list[str]) -> int:
+    """Rows in the outbox other than those a newer relay is meant to take."""
+    row = conn.execute(OUTBOX_LEFT_SQL, [kept]).fetchone()
+    return int(row[0]) if row else 0
+
+
+@dataclasses.dataclass
+class Drain:
+    """How the wait for a quiet system ended."""
+
+    drained: bool
+    seconds: float
+    missing: int
+    leftover: int
+    broker_pending: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DrainCheck:
+    """What a scenario waits for before counting: everything executed, nothing pending."""
+
+    conn_factory: Any
+    broker: Any
+    tally: Tally
+    scenario: str
+    rows: list[poison.Poison]
+    reached_broker: Callable[[], Counter[str]]
+
+    def wait(self, timeout: float) -> Drain:
+        """Poll until all committed ran, the outbox holds only kept rows and Redis is empty.
+
+        Messages Redis received that no worker ever ran (lost between broker and worker) are
+        not waited for past SETTLE seconds of an otherwise quiet system.
+        """
+        began = time.monotonic()
+        state = Drain(drained=False, seconds=0.0, missing=-1, leftover=-1, broker_pending=-1)
+        quiet_since: float | None = None
+        while time.monotonic() - began < timeout:
+            missing = self.poll(state)
+            if missing is None or state.leftover or state.broker_pending:
+                quiet_since = None
+            elif not missing:
+                state.drained = True
+                break
+            elif all(self.reached_broker()[tid] for tid in missing):
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > SETTLE:
+                    state.drained = True
+                    break
+            time.sleep(POLL)
+        state.seconds = time.monotonic() - began
+        return state
+
+    def poll(self, state: Drain) -> set[str] | None:
+        """Refresh `state`; return the committed ids not executed yet (None: not quiet)."""
+        kept = [row.task_id for row in self.rows if row.expect == "kept"]
+        try:
+            with self.conn_factory() as conn:
+                missing = set(self.tally.committed) - set(executions(conn, self.scenario))
+                state.leftover = outbox_leftover(conn, kept)
+                settled = poison.settled(conn, self.rows)
+            client = self.broker.client()
+            state.broker_pending = int(client.llen("chaos")) + int(client.hlen("unacked"))
+        except Exception:  # a server still coming back is polled again
+            return None
+        state.missing = len(missing)
+        return missing if settled else None
+
+
+def latency_figures(
+    tally: Tally, done: dict[str, Execution], window: tuple[float, float]
+) -> dict[str, float | None]:
+    """Commit -> first execution: p50/p99 overall, max during the fault, recovery after it."""
+    start, end = window
+    latencies: list[float] = []
+    during: list[float] = []
+    backlog_cleared = end
+    for task_id, committed_at in tally.committed.items():
+        execution = done.get(task_id)
+        if execution is None:
+            continue
+        latency = max(0.0, execution.first_at - committed_at)
+        latencies.append(latency)
+        if start <= committed_at <= end:
+            during.append(latency)
+        if committed_at <= end:
+            backlog_cleared = max(backlog_cleared, execution.first_at)
+    latencies.sort()
+    return {
+        "latency_p50_s": _round(statistics.median(latencies)) if latencies else None,
+        "latency_p99_s": _round(latencies[int(len(latencies) * 0.99)]) if latencies else None,
+        "max_latency_during_fault_s": _round(max(during)) if during else None,
+        "recovery_s": _round(backlog_cleared - end),
+    }
+
+
+def _round(value: float) -> float:
+    return round(value, 3)
+
+
+def commit_rates(
+    tally: Tally, load_window: tuple[float, float], window: tuple[float, float]
+) -> dict[str, float]:
+    """Commits per second before the fault and during it (writes must keep committing)."""
+    times = tally.commit_times()
+    before = [t for t in times if load_window[0] <= t < window[0]]
+    during = [t for t in times if window[0] <= t <= window[1]]
+    return {
+        "commits_per_s_before": round(len(before) / max(window[0] - load_window[0], 1e-9), 1),
+        "commits_per_s_during": round(len(during) / max(window[1] - window[0], 1e-9), 1),
+    }
+
+
+def count(
+    tally: Tally,
+    done: dict[str, Execution],
+    *,
+    journal: set[str],
+    published: Counter[str],
+    taken: set[str],
+) -> dict[str, Any]:
+    """Committed, executed, lost (and where), duplicates (and why), rolled back but run.
+
+    `journal`: ids the relays reported published; `published`: LPUSHes Redis received per id
+    (MONITOR); `taken`: ids a worker moved into Redis's unacknowledged set.
+    """
+    committed = set(tally.committed)
+    never = tally.rolled_back | tally.aborted
+    executed = committed & set(done)
+    missing = committed - executed
+    reached_broker = {tid for tid in missing if published[tid]}
+    lost = sorted(missing - reached_broker)
+    dup_ids = [tid for tid in executed if done[tid].deliveries > 1]
+    return {
+        "committed": len(committed),
+        "executed": len(executed),
+        "lost": len(lost),
+        "lost_sample": lost[:10],
+        "lost_reported_published": len(set(lost) & journal),
+        "lost_after_broker": len(reached_broker),
+        "lost_after_broker_sample": sorted(reached_broker)[:10],
+        "lost_after_broker_taken_by_worker": len(reached_broker & taken),
+        "committed_seen_by_broker": sum(1 for tid in committed if published[tid]),
+        "duplicates": len(dup_ids),
+        "duplicates_sample": [
+            _duplicate(tid, done[tid], published) for tid in sorted(dup_ids)[:10]
+        ],
+        "extra_executions": sum(done[tid].deliveries - 1 for tid in executed),
+        "duplicate_rate": round(len(dup_ids) / len(committed), 5) if committed else 0.0,
+        "duplicates_republished": sum(1 for tid in committed if published[tid] > 1),
+        "duplicates_redelivered": sum(1 for tid in executed if done[tid].redeliveries > 0),
+        "rolled_back": len(tally.rolled_back),
+        "aborted_by_errors": len(tally.aborted),
+        "rolled_back_executed": len(never & set(done)),
+        "rolled_back_published": sum(1 for tid in never if published[tid]),
+        "unknown_executed": len(set(done) - committed - never),
+    }
+
+
+def _duplicate(task_id: str, execution: Execution, published: Counter[str]) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "executions": execution.deliveries,
+        "redelivered": execution.redeliveries,
+        "lpushes": published[task_id],
+    }
+
+
+def timeline(
+    tally: Tally, done: dict[str, Execution], origin: float, bucket: float = 1.0
+) -> list[tuple[float, int, float]]:
+    """Per `bucket` seconds of commit time: (start, commits, max commit -> execution)."""
+    buckets: dict[int, list[float]] = {}
+    for task_id, committed_at in tally.committed.items():
+        execution = done.get(task_id)
+        latency = max(0.0, execution.first_at - committed_at) if execution else float("inf")
+        buckets.setdefault(int((committed_at - origin) // bucket), []).append(latency)
+    return [
+        (round(index * bucket, 1), len(values), _round(max(values)))
+        for index, values in sorted(buckets.items())
+    ]

@@ -1,0 +1,238 @@
+"""The faults: each one runs for about `duration` seconds while the writers keep writing.
+
+A fault function gets the Lab (the run's servers and relays) and returns the wall-clock
+window during which the system was faulty, for the latency and recovery figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from chaos import poison
+from chaos.processes import STALE_TIMEOUT, Process, RelayGroup
+from chaos.services import PrivatePostgres, PrivateRedis
+
+LISTEN_APP = "outbox_notify.listen"
+CLAIM_APP = "outbox_notify.claim"
+TERMINATE_SQL = """
+SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE application_name = %s AND datname = current_database()
+"""
+FREEZE_EXTRA = 3.0  # seconds a frozen relay stays stopped beyond its --stale-timeout
+
+
+@dataclasses.dataclass
+class Lab:
+    """What faults act on, and where they note what they did."""
+
+    pg: PrivatePostgres
+    broker: PrivateRedis
+    relays: RelayGroup
+    queue: str
+    scenario: str
+    rng: random.Random
+    quick: bool
+    events: list[tuple[float, str]] = dataclasses.field(default_factory=list)
+    poison: list[poison.Poison] = dataclasses.field(default_factory=list)
+    poison_stored: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    notify_usage: list[float] = dataclasses.field(default_factory=list)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def event(self, text: str) -> None:
+        with self.lock:
+            self.events.append((time.time(), text))
+
+
+Window = tuple[float, float]
+Fault = Callable[[Lab, float], Window]
+
+
+def _sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def _pick(lab: Lab) -> Process:
+    return lab.rng.choice(lab.relays.relays)
+
+
+def kill_relays(lab: Lab, duration: float) -> Window:
+    """SIGKILL a random relay every 1.5-3.5 s and start a new one in its place."""
+    start = time.time()
+    end = time.monotonic() + duration
+    while True:
+        pause = lab.rng.uniform(1.5, 3.5)
+        if time.monotonic() + pause > end:
+            break
+        time.sleep(pause)
+        relay = _pick(lab)
+        lab.relays.kill_and_restart(relay)
+        lab.event(f"SIGKILL {relay.name}, restarted")
+    _sleep_until(end)
+    return start, time.time()
+
+
+def terminate(application_name: str) -> Fault:
+    """A fault that ends the relays' sessions of one kind with pg_terminate_backend."""
+
+    def fault(lab: Lab, duration: float) -> Window:
+        start = time.time()
+        end = time.monotonic() + duration
+        while True:
+            pause = lab.rng.uniform(1.0, 2.5)
+            if time.monotonic() + pause > end:
+                break
+            time.sleep(pause)
+            with lab.pg.admin() as conn:
+                row = conn.execute(TERMINATE_SQL, [application_name]).fetchone()
+            lab.event(f"pg_terminate_backend on {row[0] if row else 0} {application_name}")
+        _sleep_until(end)
+        return start, time.time()
+
+    fault.__doc__ = f"pg_terminate_backend every 1-2.5 s on {application_name} sessions"
+    return fault
+
+
+def restart_postgres(lab: Lab, duration: float) -> Window:
+    """Restart PostgreSQL (fast shutdown) once, and a second time in the full run."""
+    start = time.time()
+    end = time.monotonic() + duration
+    restarts = 1 if lab.quick else 2
+    for index in range(restarts):
+        began = time.monotonic()
+        lab.pg.restart()
+        lab.event(f"PostgreSQL restarted (fast) in {time.monotonic() - began:.1f}s")
+        if index < restarts - 1:
+            time.sleep(max(0.0, duration / restarts - (time.monotonic() - began)))
+    fault_end = time.time()
+    _sleep_until(end)
+    return start, fault_end
+
+
+def stop_broker(lab: Lab, duration: float) -> Window:
+    """Stop the private redis-server for `duration` seconds, then start it again."""
+    start = time.time()
+    lab.broker.stop()
+    lab.event("redis stopped (SIGTERM, saving)")
+    time.sleep(duration)
+    lab.broker.start()
+    lab.event("redis started")
+    return start, time.time()
+
+
+def freeze_relays(lab: Lab, duration: float) -> Window:
+    """SIGSTOP a relay for --stale-timeout + 3 s, then SIGCONT; each relay in turn (full run)."""
+    start = time.time()
+    end = time.monotonic() + duration
+    relays = lab.relays.relays[:1] if lab.quick else lab.relays.relays
+    for relay in relays:
+        time.sleep(lab.rng.uniform(0.2, 1.0))
+        relay.freeze()
+        lab.event(f"SIGSTOP {relay.name}")
+        time.sleep(STALE_TIMEOUT + FREEZE_EXTRA)
+        relay.thaw()
+        lab.event(f"SIGCONT {relay.name}")
+    fault_end = time.time()
+    _sleep_until(end)
+    return start, fault_end
+
+
+def write_poison(lab: Lab, duration: float) -> Window:
+    """Write the poison rows with SQL, then keep the load running for `duration`."""
+    start = time.time()
+    lab.poison = poison.make(lab.scenario, lab.queue)
+    with lab.pg.admin() as conn:
+        lab.poison_stored = poison.insert(conn, lab.poison)
+    lab.event(f"{len(lab.poison)} poison rows inserted")
+    time.sleep(duration)
+    return start, time.time()
+
+
+def notify_pressure(lab: Lab, duration: float) -> Window:
+    """A session LISTENs on the outbox channel and then idles in an open transaction."""
+    start = time.time()
+    end = time.monotonic() + duration
+    _hold_pressure(lab, lambda: time.monotonic() >= end)
+    return start, time.time()
+
+
+def _hold_pressure(lab: Lab, done: Callable[[], bool]) -> None:
+    """Keep a LISTENing session idle in a transaction until done(); reopen it if it is cut."""
+    while not done():
+        try:
+            with psycopg.connect(lab.pg.server.url("chaos"), autocommit=True) as conn:
+                conn.execute("LISTEN outbox_notify_v1")
+                conn.autocommit = False
+                conn.execute("SELECT 1")  # the transaction stays open: notifications pile up
+                lab.event("a LISTEN session sits in an open transaction")
+                _sample_queue_usage(lab, done)
+                conn.rollback()
+                lab.event("the LISTEN session ended its transaction")
+        except psycopg.Error as exc:
+            lab.event(f"the LISTEN session was cut ({type(exc).__name__}); reopening")
+            time.sleep(0.5)
+
+
+def _sample_queue_usage(lab: Lab, done: Callable[[], bool]) -> None:
+    with lab.pg.admin() as probe:
+        while not done():
+            row = probe.execute("SELECT pg_notification_queue_usage()").fetchone()
+            lab.notify_usage.append(float(row[0]) if row else 0.0)
+            time.sleep(0.5)
+
+
+def mixed(lab: Lab, duration: float) -> Window:
+    """Everything at once: kills and terminations in the background, the rest in turn."""
+    start = time.time()
+    stop = threading.Event()
+    background = threading.Thread(target=_background_faults, args=(lab, stop), daemon=True)
+    pressure = threading.Thread(target=_hold_pressure, args=(lab, stop.is_set), daemon=True)
+    background.start()
+    pressure.start()
+    try:
+        write_poison(lab, 1.0)
+        steps: list[tuple[Fault, float]] = [
+            (restart_postgres, 2.0),
+            (freeze_relays, 1.0),
+            (stop_broker, 5.0 if lab.quick else 10.0),
+        ]
+        lab.rng.shuffle(steps)
+        for fault, seconds in steps:
+            fault(lab, seconds)
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        background.join(timeout=30)
+        pressure.join(timeout=30)
+    return start, time.time()
+
+
+def _background_faults(lab: Lab, stop: threading.Event) -> None:
+    actions: list[Callable[[], None]] = [
+        lambda: _kill_one(lab),
+        lambda: _terminate_once(lab, LISTEN_APP),
+        lambda: _terminate_once(lab, CLAIM_APP),
+    ]
+    while not stop.wait(lab.rng.uniform(1.5, 3.0)):
+        try:
+            lab.rng.choice(actions)()
+        except psycopg.Error as exc:
+            lab.event(f"background fault skipped: {type(exc).__name__}")
+
+
+def _kill_one(lab: Lab) -> None:
+    relay = _pick(lab)
+    lab.relays.kill_and_restart(relay)
+    lab.event(f"SIGKILL {relay.name}, restarted")
+
+
+def _terminate_once(lab: Lab, application_name: str) -> None:
+    with lab.pg.admin() as conn:
+        row = conn.execute(TERMINATE_SQL, [application_name]).fetchone()
+    lab.event(f"pg_terminate_backend on {row[0] if row else 0} {application_name}")

@@ -1,0 +1,76 @@
+"""The results table (stdout) and the JSON file (--json PATH)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+COLUMNS = (
+    ("scenario", "scenario"),
+    ("committed", "committed"),
+    ("executed", "executed"),
+    ("lost", "lost"),
+    ("lost after broker", "lost_after_broker"),
+    ("dups", "duplicates"),
+    ("dup rate", "duplicate_rate"),
+    ("rolled back (ran)", "rolled_back"),
+    ("max lat. in fault s", "max_latency_during_fault_s"),
+    ("oldest row in fault s", "outbox_max_age_during_fault_s"),
+    ("recovery s", "recovery_s"),
+    ("p50 s", "latency_p50_s"),
+    ("verdict", "verdict"),
+)
+
+
+def _cell(result: dict[str, Any], key: str) -> str:
+    value = result.get(key)
+    if key == "rolled_back":
+        return f"{result['rolled_back']} ({result['rolled_back_executed']})"
+    if key == "duplicate_rate":
+        return f"{100 * float(value or 0):.2f} %"
+    if key == "verdict":
+        return "ok" if not result["violations"] else "FAIL"
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A Markdown table, one row per scenario."""
+    header = "| " + " | ".join(title for title, _ in COLUMNS) + " |"
+    rule = "|" + "|".join("---" for _ in COLUMNS) + "|"
+    rows = [
+        "| " + " | ".join(_cell(result, key) for _, key in COLUMNS) + " |" for result in results
+    ]
+    return "\n".join([header, rule, *rows])
+
+
+def details(results: list[dict[str, Any]]) -> str:
+    """Per scenario: what was done, poison verdicts, relay log events, and any violation."""
+    lines: list[str] = []
+    for result in results:
+        lines.append(f"- {result['scenario']}: {result['what']}")
+        lines.append(
+            f"  lost after Redis had it={result['lost_after_broker']} (of them taken into a "
+            f"worker's unacked set={result['lost_after_broker_taken_by_worker']}); "
+            f"duplicates republished={result['duplicates_republished']} "
+            f"redelivered={result['duplicates_redelivered']}; aborted by errors="
+            f"{result['aborted_by_errors']}; ambiguous commits (committed/not)="
+            f"{result['ambiguous_committed']}/{result['ambiguous_not']}; commits/s before/"
+            f"during={result['commits_per_s_before']}/{result['commits_per_s_during']}; "
+            f"drained in {result['drain_seconds']} s"
+        )
+        lines.append(f"  relay log: {result['relay_log_events']}")
+        for verdict in result.get("poison", []):
+            mark = "ok" if verdict["ok"] else "WRONG"
+            lines.append(f"  poison {verdict['kind']}: {verdict['observed']} [{mark}]")
+        if result.get("notify_queue_usage_max") is not None:
+            lines.append(f"  notify queue usage max: {result['notify_queue_usage_max']}")
+        lines.extend(f"  VIOLATION: {text}" for text in result["violations"])
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")

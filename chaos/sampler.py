@@ -1,0 +1,65 @@
+"""Samples the outbox while a scenario runs: how many rows wait, how old the oldest is, and
+how many messages wait in the broker for the worker.
+
+The relay's own lag, apart from the worker's: commit -> execution includes the worker's
+queue, the oldest row's age does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+INTERVAL = 0.5  # seconds between samples
+SAMPLE_SQL = """
+SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
+FROM outbox_notify_message_v1
+WHERE schema_version <= 1 AND task_id NOT LIKE 'poison-%%'
+"""
+
+
+class OutboxSampler(threading.Thread):
+    """Background sampling of (wall time, rows waiting, oldest row's age in seconds)."""
+
+    def __init__(
+        self, connect: Callable[[], psycopg.Connection[Any]], queue_depth: Callable[[], int]
+    ) -> None:
+        super().__init__(name="outbox-sampler", daemon=True)
+        self.connect = connect
+        self.queue_depth = queue_depth
+        self.samples: list[tuple[float, int, float]] = []
+        self.broker_depths: list[int] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            with contextlib.suppress(psycopg.Error), self.connect() as conn:
+                self._sample_until_error(conn)
+            self.done.wait(INTERVAL)
+
+    def _sample_until_error(self, conn: psycopg.Connection[Any]) -> None:
+        while not self.done.wait(INTERVAL):
+            row = conn.execute(SAMPLE_SQL).fetchone()
+            if row is not None:
+                self.samples.append((time.time(), int(row[0]), float(row[1])))
+            with contextlib.suppress(Exception):  # the broker may be the thing stopped
+                self.broker_depths.append(self.queue_depth())
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(timeout=10)
+
+    def figures(self, window: tuple[float, float]) -> dict[str, float | int]:
+        """Largest backlog and oldest row overall, and the oldest row during the fault."""
+        during = [age for at, _, age in self.samples if window[0] <= at <= window[1]]
+        return {
+            "outbox_max_rows": max((rows for _, rows, _ in self.samples), default=0),
+            "outbox_max_age_s": round(max((age for _, _, age in self.samples), default=0.0), 3),
+            "outbox_max_age_during_fault_s": round(max(during, default=0.0), 3),
+            "broker_queue_max": max(self.broker_depths, default=0),
+        }

@@ -1,0 +1,57 @@
+"""The scenario list: each fault on its own, then all of them mixed."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from chaos import faults
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """One fault under load, with its fault duration in the full and the quick run."""
+
+    name: str
+    what: str
+    fault: faults.Fault
+    seconds: float
+    quick_seconds: float | None  # None: not part of --quick
+
+
+SCENARIOS = (
+    Scenario(name="kill", what="a relay SIGKILLed every 1.5-3.5 s and restarted",
+             fault=faults.kill_relays, seconds=20.0, quick_seconds=5.0),
+    Scenario(name="terminate_listen",
+             what="pg_terminate_backend on the relays' LISTEN sessions every 1-2.5 s",
+             fault=faults.terminate(faults.LISTEN_APP), seconds=15.0, quick_seconds=4.0),
+    Scenario(name="terminate_claim",
+             what="pg_terminate_backend on the relays' claim sessions every 1-2.5 s",
+             fault=faults.terminate(faults.CLAIM_APP), seconds=15.0, quick_seconds=4.0),
+    Scenario(name="pg_restart", what="PostgreSQL restarted (fast shutdown) mid-run, twice",
+             fault=faults.restart_postgres, seconds=12.0, quick_seconds=None),
+    Scenario(name="broker_stop", what="redis-server stopped, then started again",
+             fault=faults.stop_broker, seconds=30.0, quick_seconds=5.0),
+    Scenario(name="freeze",
+             what="each relay in turn SIGSTOPped for --stale-timeout + 3 s, then SIGCONT",
+             fault=faults.freeze_relays, seconds=18.0, quick_seconds=None),
+    Scenario(name="poison", what="poison rows written into the outbox with SQL",
+             fault=faults.write_poison, seconds=8.0, quick_seconds=4.0),
+    Scenario(name="notify_pressure",
+             what="a session LISTENing on outbox_notify_v1 idles in an open transaction",
+             fault=faults.notify_pressure, seconds=15.0, quick_seconds=None),
+    Scenario(name="mixed",
+             what="kills and terminations in the background; poison, PostgreSQL restart, "
+             "freeze and a 10 s broker stop in turn; a LISTEN session idle in a transaction",
+             fault=faults.mixed, seconds=0.0, quick_seconds=None),
+)  # fmt: skip
+
+
+def plan(*, quick: bool, only: list[str] | None) -> list[Scenario]:
+    """The scenarios of this run, in order."""
+    chosen = [s for s in SCENARIOS if not quick or s.quick_seconds is not None]
+    if only:
+        unknown = set(only) - {s.name for s in SCENARIOS}
+        if unknown:
+            raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        chosen = [s for s in SCENARIOS if s.name in only]
+    return chosen
