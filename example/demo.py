@@ -10,7 +10,6 @@ See docs/demo.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -120,8 +119,7 @@ class Demo:
         return {
             "DJANGO_SETTINGS_MODULE": "example.project.settings",
             "DATABASE_URL": found.database_url,
-            "CELERY_BROKER_URL": found.broker_url,
-            "CELERY_BROKER_TRANSPORT_OPTIONS": json.dumps(found.transport_options),
+            **found.broker_env,
         }
 
     def child_env(self) -> dict[str, str]:

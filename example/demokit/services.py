@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -27,6 +28,8 @@ REDIS_CANDIDATE_DBS = range(1, 15)
 REDIS_CLAIM_KEY = "outbox-notify-demo:claimed"
 REDIS_CLAIM_TTL = 24 * 3600  # seconds: a claim left by a killed demo expires by itself
 PING_TIMEOUT = 0.5  # seconds
+# kombu's filesystem transport, with writes made atomic (see that module).
+FILESYSTEM_TRANSPORT = "example.demokit.fstransport:Transport"
 SERVER_START_TIMEOUT = 30.0  # seconds for a fresh private server to accept connections
 
 
@@ -42,7 +45,8 @@ class Services:
     database_note: str = ""
     broker_url: str = ""
     broker_note: str = ""
-    transport_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # CELERY_BROKER_* variables for the settings; empty when the user named the broker.
+    broker_env: dict[str, str] = dataclasses.field(default_factory=dict)
     cleanups: list[tuple[str, Callable[[], None]]] = dataclasses.field(default_factory=list)
     server: Any = None  # the private PostgreSQL (devtools.pgserver.PrivateServer), if any
     keep_server: bool = False
@@ -158,10 +162,20 @@ def _resolve_broker(services: Services, workdir: Path, *, use_redis: bool, redis
             claimed = _claim_redis_db(redis_url)
             if claimed is not None:
                 services.broker_url = claimed
+                services.broker_env = _broker_env(claimed)
                 services.broker_note = "a free database of the local Redis, flushed at exit"
                 services.cleanups.append((f"flushing {claimed}", lambda: _flush_redis_db(claimed)))
                 return
     _use_filesystem(services, workdir / "broker", reason)
+
+
+def _broker_env(url: str) -> dict[str, str]:
+    """Settings variables for a broker the demo chose: this URL, no transport overrides."""
+    return {
+        "CELERY_BROKER_URL": url,
+        "CELERY_BROKER_TRANSPORT": "",
+        "CELERY_BROKER_TRANSPORT_OPTIONS": "{}",
+    }
 
 
 def redis_answers(url: str) -> bool:
@@ -221,9 +235,7 @@ def _use_filesystem(services: Services, folder: Path, reason: str) -> None:
     queue, processed, control = (folder / name for name in ("queue", "processed", "control"))
     for path in (queue, processed, control):
         path.mkdir(parents=True, exist_ok=True)
-    services.broker_url = "filesystem://"
-    services.broker_note = f"kombu's filesystem transport in {folder}; {reason}"
-    services.transport_options = {
+    options = {
         # One folder both ways: producers write where the worker reads.
         "data_folder_in": str(queue),
         "data_folder_out": str(queue),
@@ -231,5 +243,12 @@ def _use_filesystem(services: Services, folder: Path, reason: str) -> None:
         "store_processed": False,
         # Exchange bindings live here, so the relay routes to the queue the worker declared.
         "control_folder": str(control),
-        "polling_interval": 0.05,  # seconds: the worker polls the folder
+        "polling_interval": 0.02,  # seconds: the worker polls the folder
+    }
+    services.broker_url = "filesystem://"
+    services.broker_note = f"kombu's filesystem transport in {folder}; {reason}"
+    services.broker_env = {
+        "CELERY_BROKER_URL": services.broker_url,
+        "CELERY_BROKER_TRANSPORT": FILESYSTEM_TRANSPORT,
+        "CELERY_BROKER_TRANSPORT_OPTIONS": json.dumps(options),
     }

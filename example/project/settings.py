@@ -2,6 +2,8 @@
 
 - DATABASE_URL: a libpq URL, `postgresql://user:password@host:port/dbname?sslmode=...`.
 - CELERY_BROKER_URL: any kombu broker URL (`redis://...`, `amqp://...`, `filesystem://`).
+- CELERY_BROKER_TRANSPORT: optional kombu transport class (`module:Class`) that overrides the
+  URL's scheme; the demo names its atomic filesystem transport here.
 - CELERY_BROKER_TRANSPORT_OPTIONS: optional JSON object of kombu transport options (the demo
   sets the folders of the filesystem transport here).
 - CELERY_TASK_DEFAULT_QUEUE: the queue tasks go to and the worker consumes (default
@@ -58,6 +60,7 @@ OUTBOX_NOTIFY_CELERY_APP = "example.project.celery.app"
 
 # Read by example/project/celery.py through config_from_object(namespace="CELERY").
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", DEFAULT_BROKER_URL)
+CELERY_BROKER_TRANSPORT = os.environ.get("CELERY_BROKER_TRANSPORT") or None
 CELERY_BROKER_TRANSPORT_OPTIONS = json.loads(
     os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS") or "{}"
 )
