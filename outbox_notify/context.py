@@ -26,7 +26,8 @@ def _sentry_context() -> dict[str, str]:
         return {}
     # Without a configured client the SDK still invents a trace id; propagating it would
     # only add headers nobody reads.
-    if not sentry_sdk.is_initialized():
+    client = sentry_sdk.get_client()
+    if not client.is_active() or not client.dsn:
         return {}
     headers: dict[str, str] = {}
     traceparent = sentry_sdk.get_traceparent()
