@@ -150,6 +150,7 @@ def start(options: str = FAST_OPTIONS, port: int | None = None) -> PrivateServer
     base = Path(tempfile.mkdtemp(prefix="outbox-notify-pg-"))
     base.chmod(0o755)
     port = port or free_port()
+    executor: PostgreSQLExecutor | None = None
     try:
         executor = PostgreSQLExecutor(
             executable=_executable(base),
@@ -167,6 +168,10 @@ def start(options: str = FAST_OPTIONS, port: int | None = None) -> PrivateServer
         executor.start()
         wait_until_accepting(f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres")
     except BaseException:
+        # Interrupted part-way: a postmaster may already run on that data directory.
+        if executor is not None:
+            with contextlib.suppress(Exception):
+                executor.stop()
         shutil.rmtree(base, ignore_errors=True)
         raise
     return PrivateServer(base=base, executor=executor, port=port)
