@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install the package with its test and lint tools
 
 lint: $(STAMP)  ## ruff and mypy --strict
-	$(BIN)/ruff check outbox_notify tests devtools
-	$(BIN)/ruff format --check outbox_notify tests devtools
+	$(BIN)/ruff check outbox_notify tests devtools bench chaos example
+	$(BIN)/ruff format --check outbox_notify tests devtools bench chaos example
 	$(BIN)/mypy
 
 test: $(STAMP)  ## the whole suite: lint, then every test against a real PostgreSQL, Redis and RabbitMQ
