@@ -1,0 +1,193 @@
+"""Drain throughput: a committed backlog published by 1 and by 2 relays.
+
+The relays start on an empty table and settle; the backlog is inserted in one transaction and
+the clock starts when its commit returns. It stops when the Redis list holds every message.
+CPU comes from /proc: utime + stime of the relay processes, and of the PostgreSQL server's
+whole process tree when the server is a private one (its reaped backends included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from bench import db
+from bench.procs import BenchError, Proc, tree_cpu_seconds
+from bench.sides import MAIN, Side, World
+
+BACKLOG = 100_000
+QUICK_BACKLOG = 10_000
+RELAY_COUNTS = (1, 2)
+SETTLE = 1.0  # seconds between the relays being up and the commit
+CAP = 120.0  # seconds one drain may take; a slower one reports its rate over the cap
+QUICK_CAP = 25.0
+LIST_POLL = 0.01  # seconds between LLEN checks
+PROFILE_RATE = 250  # py-spy samples per second
+
+
+def run(world: World) -> dict[str, Any]:
+    """1 relay for each library in turn, then 2 relays for each library in turn."""
+    backlog = QUICK_BACKLOG if world.quick else BACKLOG
+    rows = [
+        one_drain(world, side, relays, backlog) for relays in RELAY_COUNTS for side in world.sides
+    ]
+    return {"backlog": backlog, "rows": rows, "postgres_cpu": world.pg.private}
+
+
+def _cpu(relays: list[Proc], world: World) -> tuple[float, float | None]:
+    postmaster = world.pg.postmaster_pid()
+    pg = tree_cpu_seconds(postmaster) if postmaster else None
+    return sum(r.cpu() for r in relays), pg
+
+
+def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, Any]:
+    """Time one backlog through `count` relays of one library."""
+    db.reset(world, side)
+    with world.procs.started(lambda: world.start_relays(side, count)) as relays:
+        time.sleep(SETTLE)
+        timing = timed_drain(world, side, relays, backlog)
+    db.reset(world, side)
+    return {"side": side.key, "relays": count, **timing}
+
+
+def _poll_list(client: Any, queue: str, target: int, deadline: float) -> tuple[float, float]:
+    """Poll LLEN until it reaches target or the deadline; (first arrival, last check) times."""
+    first = None
+    while True:
+        length = client.llen(queue)
+        now = time.monotonic()
+        if length and first is None:
+            first = now
+        if length >= target or now >= deadline:
+            return (first or now), now
+        time.sleep(LIST_POLL)
+
+
+def timed_drain(world: World, side: Side, relays: list[Proc], backlog: int) -> dict[str, Any]:
+    """Commit the backlog, wait until Redis has it all (or the cap); rate and CPU per message."""
+    cap = QUICK_CAP if world.quick else CAP
+    pending = db.PendingFill(world, side, backlog)
+    client = world.broker.client()
+    queue = MAIN.queue(side)
+    try:
+        relay_cpu0, pg_cpu0 = _cpu(relays, world)
+        committed = pending.commit()
+    finally:
+        pending.close()
+    first, done = _poll_list(client, queue, backlog, committed + cap)
+    relay_cpu1, pg_cpu1 = _cpu(relays, world)
+    for relay in relays:
+        if not relay.alive():
+            raise BenchError(f"{relay.name} died during the drain:\n{relay.tail()}")
+    published = int(client.llen(queue))
+    counted = min(published, backlog)
+    if not counted:
+        raise BenchError(f"{side.label} published nothing in {cap:.0f} s")
+    seconds = done - committed
+    return {
+        "backlog": backlog,
+        "complete": published >= backlog,
+        "published": counted,
+        "seconds": seconds,
+        "per_s": counted / seconds,
+        "first_after_s": first - committed,
+        "relay_cpu_us_per_msg": (relay_cpu1 - relay_cpu0) / counted * 1e6,
+        "pg_cpu_us_per_msg": None
+        if pg_cpu0 is None or pg_cpu1 is None
+        else (pg_cpu1 - pg_cpu0) / counted * 1e6,
+        "duplicates": max(0, published - backlog),
+    }
+
+
+# --- profile ----------------------------------------------------------------------------
+
+
+def profile(world: World, side: Side, out_dir: Path) -> dict[str, Any]:
+    """One extra drain of our relay with py-spy attached: where the relay's time goes."""
+    backlog = QUICK_BACKLOG if world.quick else BACKLOG
+    raw = out_dir / "relay-profile.txt"
+    db.reset(world, side)
+    with world.procs.started(lambda: world.start_relays(side, 1)) as relays:
+        time.sleep(SETTLE)
+        with py_spy(relays[0], raw):
+            timing = timed_drain(world, side, relays, backlog)
+    db.reset(world, side)
+    return {"drain_under_profiler": timing, **summarise_profile(raw)}
+
+
+@contextlib.contextmanager
+def py_spy(relay: Proc, out: Path) -> Iterator[None]:
+    """py-spy recording the relay (idle samples included) for the length of the block."""
+    argv = [
+        "py-spy",
+        "record",
+        "--pid",
+        str(relay.pid),
+        "--rate",
+        str(PROFILE_RATE),
+        "--format",
+        "raw",
+        "--idle",
+        "--nonblocking",
+        "--output",
+        str(out),
+    ]
+    spy = subprocess.Popen(_venv_bin(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        try:
+            spy.wait(30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+            spy.wait()
+
+
+def _venv_bin(argv: list[str]) -> list[str]:
+    import shutil
+    import sys
+
+    beside = Path(sys.executable).parent / argv[0]
+    found = str(beside) if beside.exists() else shutil.which(argv[0])
+    if not found:
+        raise BenchError("py-spy is not installed in the benchmark venv")
+    return [found, *argv[1:]]
+
+
+def _frame_name(frame: str) -> str:
+    # "function (path/to/module.py:123)" -> "function (module.py)"
+    name, _, where = frame.partition(" (")
+    module = where.rsplit("/", 1)[-1].split(":", 1)[0]
+    return f"{name} ({module})" if module else name
+
+
+def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
+    """Shares of samples: by leaf function (self) and by any function on the stack (total)."""
+    own: Counter[str] = Counter()
+    total: Counter[str] = Counter()
+    samples = 0
+    for line in raw.read_text().splitlines():
+        stack, _, weight = line.rpartition(" ")
+        if not stack or not weight.isdigit():
+            continue
+        frames = [_frame_name(f) for f in stack.split(";") if not f.startswith("process ")]
+        if not frames:
+            continue
+        count = int(weight)
+        samples += count
+        own[frames[-1]] += count
+        for name in set(frames):
+            total[name] += count
+    share = (lambda n: round(100 * n / samples, 1)) if samples else (lambda n: 0.0)
+    return {
+        "samples": samples,
+        "self": [{"function": f, "percent": share(n)} for f, n in own.most_common(top)],
+        "total": [{"function": f, "percent": share(n)} for f, n in total.most_common(top)],
+    }

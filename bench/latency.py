@@ -1,0 +1,163 @@
+"""Latency: commit-return to arrival in the broker, one message per transaction at fixed rates.
+
+A producer process commits rows at a fixed rate from several connections (so the rate does not
+depend on one connection's fsync wait) and stamps each commit's return; a consumer process
+pops the Redis list with BRPOP and stamps each arrival. Both stamps are CLOCK_MONOTONIC.
+Per round, each library in turn gets one relay that lives through all the rates.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import db
+from bench.procs import BenchError, Proc, wait_until
+from bench.sides import MAIN, Side, World, one_row_sql
+
+RATES = (50, 500, 2000)  # messages per second
+QUICK_RATES = (50, 500)
+SECONDS = 6.0  # per rate
+QUICK_SECONDS = 3.0
+ROUNDS = 2
+QUICK_ROUNDS = 1
+PRODUCER_THREADS = 8
+WARMUP = 1.0  # seconds between a relay being up and the first message
+SETTLE = 0.3  # seconds between rates
+DRAIN_TIMEOUT = 180.0  # seconds for a relay to catch up after the producer stopped
+CDF_POINTS = 200
+
+
+def run(world: World) -> dict[str, Any]:
+    """Every rate for every library, libraries alternating inside each round."""
+    rates = QUICK_RATES if world.quick else RATES
+    seconds = QUICK_SECONDS if world.quick else SECONDS
+    rounds = QUICK_ROUNDS if world.quick else ROUNDS
+    latencies: dict[tuple[str, int], list[float]] = {}
+    runs: list[dict[str, Any]] = []
+    for rnd in range(1, rounds + 1):
+        for side in world.sides:
+            for rate, result in one_round(world, side, rates, seconds).items():
+                latencies.setdefault((side.key, rate), []).extend(result.pop("latencies_ms"))
+                runs.append({"round": rnd, "side": side.key, "rate": rate, **result})
+    rows = [
+        summary(side.key, rate, latencies[side.key, rate], runs)
+        for rate in rates
+        for side in world.sides
+    ]
+    return {"rates": list(rates), "seconds": seconds, "rounds": rounds, "rows": rows, "runs": runs}
+
+
+def one_round(world: World, side: Side, rates: tuple[int, ...], seconds: float) -> dict[int, Any]:
+    """One relay and one consumer for all the rates of one library."""
+    db.reset(world, side)
+    sql_file = world.work_dir / f"insert-{side.key}.sql"
+    sql_file.write_text(one_row_sql(side))
+    arrivals_file = world.work_dir / f"arrivals-{side.key}.json"
+    consumer = start_consumer(world, side, arrivals_file)
+    produced: dict[int, dict[str, Any]] = {}
+    try:
+        with world.procs.started(lambda: world.start_relays(side, 1)):
+            time.sleep(WARMUP)
+            for rate in rates:
+                produced[rate] = produce(world, side, sql_file, rate, seconds)
+                time.sleep(SETTLE)
+    finally:
+        world.procs.stop(consumer)
+    consumed = json.loads(arrivals_file.read_text())
+    return {rate: match(out, consumed) for rate, out in produced.items()}
+
+
+def start_consumer(world: World, side: Side, out: Path) -> Proc:
+    args = ["consume", "--url", world.broker.url, "--queue", MAIN.queue(side), "--out", str(out)]
+    consumer = world.worker(f"consume-{side.key}", args)
+    consumer.wait_for_output("consumer.ready")
+    return consumer
+
+
+def produce(world: World, side: Side, sql_file: Path, rate: int, seconds: float) -> dict[str, Any]:
+    """Run the producer at one rate, then wait until the relay and the consumer caught up."""
+    out = world.work_dir / f"produced-{side.key}-{rate}.json"
+    args = [
+        "produce",
+        "--dsn",
+        world.dsn(side),
+        "--sql",
+        str(sql_file),
+        "--out",
+        str(out),
+        "--rate",
+        str(rate),
+        "--seconds",
+        str(seconds),
+        "--threads",
+        str(PRODUCER_THREADS),
+    ]
+    producer = world.worker(f"produce-{side.key}-{rate}", args)
+    status = producer.popen.wait(seconds + 60)
+    world.procs.stop(producer)
+    if status != 0:
+        raise BenchError(f"the producer failed ({status}):\n{producer.tail()}")
+    client = world.broker.client()
+    queue = MAIN.queue(side)
+    wait_until(
+        lambda: db.count(world, side) == 0 and client.llen(queue) == 0,
+        DRAIN_TIMEOUT,
+        f"{side.label} to publish everything at {rate}/s",
+    )
+    time.sleep(BRPOP_SLACK)
+    loaded: dict[str, Any] = json.loads(out.read_text())
+    return loaded
+
+
+BRPOP_SLACK = 0.1  # seconds: the consumer stamps what it popped before we stop it
+
+
+def match(produced: dict[str, Any], consumed: dict[str, Any]) -> dict[str, Any]:
+    """Latencies (ms) of the messages that arrived; how many did not."""
+    arrivals = consumed["arrivals"]
+    records = produced["records"]
+    latencies = [
+        (arrivals[tid] - committed) / 1e6 for tid, _due, committed in records if tid in arrivals
+    ]
+    behind = [(committed - due) / 1e6 for _tid, due, committed in records]
+    return {
+        "sent": len(records),
+        "achieved_rate": len(records) / produced["seconds"] if produced["seconds"] else 0.0,
+        "missing": len(records) - len(latencies),
+        "producer_lag_p99_ms": percentile(sorted(behind), 99) if behind else None,
+        "p50_ms": percentile(sorted(latencies), 50) if latencies else None,
+        "latencies_ms": latencies,
+    }
+
+
+def percentile(ordered: list[float], pct: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summary(
+    side: str, rate: int, values: list[float], runs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Percentiles over every round, the CDF for the plot, and what the producer achieved."""
+    ordered = sorted(values)
+    mine = [r for r in runs if r["side"] == side and r["rate"] == rate]
+    row: dict[str, Any] = {
+        "side": side,
+        "rate": rate,
+        "messages": len(ordered),
+        "missing": sum(r["missing"] for r in mine),
+        "achieved_rate": sum(r["achieved_rate"] for r in mine) / len(mine),
+        "round_p50_ms": [r["p50_ms"] for r in mine],
+    }
+    if not ordered:
+        return row
+    for pct in (50, 90, 99):
+        row[f"p{pct}_ms"] = percentile(ordered, pct)
+    row["max_ms"] = ordered[-1]
+    row["cdf_ms"] = [percentile(ordered, 100 * (i + 1) / CDF_POINTS) for i in range(CDF_POINTS)]
+    return row

@@ -1,0 +1,1 @@
+"""The benchmark's own Django project: both outboxes, each in its own database."""

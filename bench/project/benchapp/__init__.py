@@ -1,0 +1,1 @@
+"""The benchmark's Django app: one trivial task, registered with each Celery app."""

@@ -1,0 +1,219 @@
+"""Benchmarks of outbox-notify side by side with django-celery-outbox 0.4.3.
+
+    make bench            # full run, <= 10 min: bench/results/latest.json and docs/benchmarks.md
+    make bench-quick      # short run, <= 2 min: bench/results/quick.json (docs untouched)
+    python -m bench.run --quick --no-peer --out /tmp/bench.json    # ours only (the smoke test)
+    python -m bench.run --scenarios latency,drain --write-docs
+
+Everything runs in .venv-bench/ (created on first use: this checkout, django-celery-outbox
+0.4.3, matplotlib, py-spy) except with --no-peer, which needs neither the peer nor that venv.
+PostgreSQL is the server named by OUTBOX_TEST_DATABASE_URL / DATABASE_URL, else a private
+durable one; Redis is a private redis-server (OUTBOX_BENCH_REDIS_URL to use another). Each
+library gets its own databases and Redis lists; the scenarios alternate the libraries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import venv
+
+RESULTS = venv.ROOT / "bench" / "results"
+DOCS = venv.ROOT / "docs" / "benchmarks.md"
+IMAGES = venv.ROOT / "docs" / "img"
+SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "ceiling")
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="short runs (<= 2 min); docs untouched"
+    )
+    parser.add_argument(
+        "--no-peer",
+        dest="peer",
+        action="store_false",
+        help="outbox-notify only: no django-celery-outbox, no .venv-bench",
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)}",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON results (default bench/results/latest.json, quick.json with --quick)",
+    )
+    parser.add_argument(
+        "--write-docs", action="store_true", help="write docs/benchmarks.md even with --quick"
+    )
+    parser.add_argument("--no-docs", action="store_true", help="never write docs/benchmarks.md")
+    parser.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="py-spy our relay during an extra drain (default: on in full mode with the peer)",
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="keep the logs here instead of a temporary folder"
+    )
+    args = parser.parse_args(argv)
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = sorted(set(args.scenarios) - set(SCENARIOS))
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    args.out = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
+    args.write_docs = not args.no_docs and (args.write_docs or not args.quick)
+    if args.profile is None:
+        args.profile = args.peer and not args.quick
+    return args
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(raw)
+    if args.peer and not venv.inside():
+        venv.reexec(raw)  # does not return
+    # SIGTERM unwinds like Ctrl-C, so every finally block stops what it started.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    command = shlex.join(["python", "-m", "bench.run", *raw])
+    started = time.monotonic()
+    report = benchmark(args, command)
+    report["runtime_s"] = round(time.monotonic() - started, 1)
+    write_json(args.out, report)
+    from bench import report as reporting
+
+    print(reporting.text(report))
+    if args.write_docs:
+        reporting.write_docs(report, DOCS, IMAGES)
+        print(f"bench: wrote {DOCS.relative_to(venv.ROOT)}", file=sys.stderr)
+    print(f"bench: wrote {args.out} in {report['runtime_s']:.0f} s", file=sys.stderr)
+    return 1 if failed(report) else 0
+
+
+def failed(report: dict[str, Any]) -> list[str]:
+    """Names of the scenarios that raised."""
+    return [n for n, s in report["scenarios"].items() if s["status"] != "ok"]
+
+
+def write_json(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def work_dir(given: Path | None) -> Any:
+    if given:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix="outbox-bench-") as tmp:
+        yield Path(tmp)
+
+
+def benchmark(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """Start the services, prepare the databases, run the scenarios; the report."""
+    from bench import setup
+
+    with (
+        work_dir(args.work_dir) as folder,
+        setup.world(folder, peer=args.peer, quick=args.quick) as world,
+    ):
+        scenarios = run_scenarios(world, args.scenarios, args.profile)
+        return {
+            "command": command,
+            "mode": "quick" if args.quick else "full",
+            "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "machine": setup.machine(world),
+            "sides": {s.key: s.label for s in world.sides},
+            "scenarios": scenarios,
+        }
+
+
+def guarded(name: str, body: Callable[[], Any]) -> dict[str, Any]:
+    """Run one scenario; an exception becomes its error entry (the others still run)."""
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    try:
+        result = body()
+    except Exception as exc:
+        print(f"bench: {name} FAILED: {exc}", file=sys.stderr, flush=True)
+        return {
+            "status": "error",
+            "error": "".join(traceback.format_exception(exc))[-6000:],
+            "seconds": round(time.monotonic() - started, 1),
+        }
+    seconds = round(time.monotonic() - started, 1)
+    print(f"bench: {name} done in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return {"status": "ok", "seconds": seconds, "result": result}
+
+
+def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]:
+    """Each chosen scenario in a fixed order; the peer's crash wait overlaps the others."""
+    from bench import crash, drain, idle, latency, micro
+
+    runners: dict[str, Callable[[Any], Any]] = {
+        "latency": latency.run,
+        "drain": drain.run,
+        "writers": _writers,
+        "idle": idle.run,
+        "enqueue": micro.enqueue,
+        "ceiling": micro.ceiling,
+    }
+    results: dict[str, Any] = {}
+    waiting: list[crash.Pending] = []
+    if "crash" in names:
+        results["crash"] = guarded("crash (start)", lambda: _crash_start(world, waiting))
+    for name in SCENARIOS:
+        if name in names and name in runners:
+            results[name] = guarded(name, lambda run=runners[name]: run(world))
+    if profile:
+        ours = next(s for s in world.sides if s.key == "ours")
+        results["profile"] = guarded("profile", lambda: drain.profile(world, ours, world.work_dir))
+    if waiting and results["crash"]["status"] == "ok":
+        joined = guarded("crash (waiting for the peer)", lambda: [p.join(world) for p in waiting])
+        if joined["status"] == "ok":
+            results["crash"]["result"]["rows"].extend(joined["result"])
+        else:
+            results["crash"] = joined
+    return results
+
+
+def _writers(world: Any) -> Any:
+    from bench import writers
+
+    return writers.run(world)
+
+
+def _crash_start(world: Any, waiting: list[Any]) -> dict[str, Any]:
+    """Ours is waited for at once; the peer's wait (its stale timeout) runs in the background."""
+    from bench import crash
+
+    rows = []
+    for side in world.sides:
+        pending = crash.start(world, side)
+        if side.key == "ours":
+            rows.append(pending.join(world))
+        else:
+            waiting.append(pending)
+    return {"rows": rows, "cap_s": crash.QUICK_CAP if world.quick else crash.CAP}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,377 @@
+"""Markdown tables of each scenario's results, and the fixed text around them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Sides = dict[str, str]
+
+
+def ms(value: float | None) -> str:
+    """A latency in ms or s, with sensible digits."""
+    if value is None:
+        return "n/a"
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    return f"{value:.1f} ms" if value >= 10 else f"{value:.2f} ms"
+
+
+def num(value: float | None, digits: int = 0) -> str:
+    return "n/a" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """a / b as '12.3x'; n/a when either is missing or b is zero."""
+    if a is None or b is None or b == 0:
+        return "n/a"
+    value = a / b
+    return f"{value:.1f}x" if value >= 10 else f"{value:.2f}x"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _by(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+# --- scenarios --------------------------------------------------------------------------
+
+
+def latency(result: dict[str, Any], sides: Sides) -> str:
+    out = []
+    for rate in result["rates"]:
+        rows = []
+        for key, label in sides.items():
+            r = _by(result["rows"], side=key, rate=rate) or {}
+            rows.append(
+                [
+                    label,
+                    num(r.get("achieved_rate")),
+                    f"{r.get('messages', 0):,}",
+                    str(r.get("missing", "?")),
+                    ms(r.get("p50_ms")),
+                    ms(r.get("p90_ms")),
+                    ms(r.get("p99_ms")),
+                    ms(r.get("max_ms")),
+                ]
+            )
+        ours, peer = (_by(result["rows"], side=k, rate=rate) or {} for k in ("ours", "peer"))
+        if "peer" in sides:
+            rows.append(
+                [
+                    "**peer ÷ ours**",
+                    "",
+                    "",
+                    "",
+                    *(
+                        ratio(peer.get(f"{p}_ms"), ours.get(f"{p}_ms"))
+                        for p in ("p50", "p90", "p99", "max")
+                    ),
+                ]
+            )
+        out.append(
+            f"**{rate:,} messages/s** ({result['rounds']} round(s) of {result['seconds']:g} s each)\n\n"
+            + table(
+                ["library", "achieved msg/s", "messages", "missing", "p50", "p90", "p99", "max"],
+                rows,
+            )
+        )
+    return "\n".join(out)
+
+
+def drain(result: dict[str, Any], sides: Sides) -> str:
+    rows = []
+    for relays in (1, 2):
+        for key, label in sides.items():
+            r = _by(result["rows"], side=key, relays=relays)
+            if r is None:
+                continue
+            rows.append(
+                [
+                    str(relays),
+                    label,
+                    num(r["per_s"]),
+                    f"{r['seconds']:.1f} s"
+                    + ("" if r.get("complete", True) else f" (cap; {r['published']:,} published)"),
+                    num(r["relay_cpu_us_per_msg"]),
+                    num(r["pg_cpu_us_per_msg"]),
+                    f"{r['first_after_s'] * 1000:.0f} ms",
+                    str(r["duplicates"]),
+                ]
+            )
+        ours, peer = (
+            _by(result["rows"], side="ours", relays=relays),
+            _by(result["rows"], side="peer", relays=relays),
+        )
+        if ours and peer:
+            rows.append(
+                [
+                    str(relays),
+                    "**ours ÷ peer** (CPU: peer ÷ ours)",
+                    ratio(ours["per_s"], peer["per_s"]),
+                    "",
+                    ratio(peer["relay_cpu_us_per_msg"], ours["relay_cpu_us_per_msg"]),
+                    ratio(peer["pg_cpu_us_per_msg"], ours["pg_cpu_us_per_msg"]),
+                    "",
+                    "",
+                ]
+            )
+    header = [
+        "relays",
+        "library",
+        "messages/s",
+        "time",
+        "relay CPU µs/msg",
+        "PostgreSQL CPU µs/msg",
+        "first message after",
+        "duplicates",
+    ]
+    pg_note = (
+        ""
+        if result["postgres_cpu"]
+        else "\nPostgreSQL CPU: n/a (not a server the benchmark started).\n"
+    )
+    return f"Backlog: {result['backlog']:,} committed messages.\n\n" + table(header, rows) + pg_note
+
+
+def writers(result: dict[str, Any], sides: Sides) -> str:
+    rows = []
+    for label in dict.fromkeys(r["label"] for r in result["rows"]):
+        cells = []
+        for count in result["writers"]:
+            r = _by(result["rows"], label=label, writers=count)
+            if r is None:
+                cells.append("")
+                continue
+            share = r.get("notified_share")
+            notified = "" if share is None or r["config"] == "peer" else f", {share:.0%} notified"
+            base = r.get("ratio_to_no_trigger")
+            cells.append(f"{r['tps']:,.0f} ({'n/a' if base is None else f'{base:.2f}'}{notified})")
+        rows.append([label, *cells])
+    header = ["configuration", *(f"{w} writer{'s' * (w > 1)}" for w in result["writers"])]
+    return (
+        f"Transactions/s ({result['seconds']} s per run), ratio to our table without the trigger, "
+        "share of transactions that sent a NOTIFY.\n\n" + table(header, rows)
+    )
+
+
+def idle(result: dict[str, Any], sides: Sides) -> str:
+    rows = [
+        [
+            sides[r["side"]],
+            num(r["statements_per_min"]),
+            num(r["connections_per_min"]),
+            num(r["transactions_per_min"]),
+            f"{r['relay_cpu_s']:.2f} s",
+        ]
+        for r in result["rows"]
+    ]
+    header = [
+        "library",
+        "SQL statements/min",
+        "new connections/min",
+        "transactions/min",
+        f"relay CPU over {result['window_s']:.0f} s",
+    ]
+    note = (
+        ""
+        if result["pg_stat_statements"]
+        else "\nStatements: n/a (pg_stat_statements is not loaded on that server).\n"
+    )
+    return table(header, rows) + note
+
+
+def crash(result: dict[str, Any], sides: Sides) -> str:
+    rows = []
+    for r in result["rows"]:
+        seconds = f"{r['seconds']:.2f} s" if r["recovered"] else f"> {r['cap_s']:.0f} s (cap)"
+        rows.append(
+            [
+                sides[r["side"]],
+                f"{r['held_at_kill']:,}",
+                seconds,
+                f"{r['unpublished_at_cap']:,}",
+                str(r["duplicates"]),
+            ]
+        )
+    header = [
+        "library",
+        "rows held at the kill",
+        "kill → all of them published",
+        "still unpublished at the end",
+        "duplicates",
+    ]
+    return table(header, rows)
+
+
+def enqueue(result: dict[str, Any], sides: Sides) -> str:
+    rows = []
+    for per_tx in sorted({r["per_transaction"] for r in result["rows"]}):
+        cells = [
+            num((_by(result["rows"], side=k, per_transaction=per_tx) or {}).get("rows_per_s"))
+            for k in sides
+        ]
+        ours = _by(result["rows"], side="ours", per_transaction=per_tx)
+        peer = _by(result["rows"], side="peer", per_transaction=per_tx)
+        extra = [ratio(ours["rows_per_s"], peer["rows_per_s"])] if ours and peer else []
+        rows.append([str(per_tx), *cells, *extra])
+    header = ["messages per transaction", *(f"{label} rows/s" for label in sides.values())]
+    if "peer" in sides:
+        header.append("ours ÷ peer")
+    return table(header, rows)
+
+
+def ceiling(result: dict[str, Any], sides: Sides) -> str:
+    ours = result["ours"]
+    rows = [
+        [
+            "plain `celery.Celery.send_task`",
+            num(result["plain_send_task"]["per_s"]),
+            num(result["plain_send_task"]["us_per_message"]),
+        ],
+        [
+            "our path: `messages.prepare` + `KombuPublisher.publish` (batches of 100)",
+            num(ours["prepare_and_publish"]["per_s"]),
+            num(ours["prepare_and_publish"]["us_per_message"]),
+        ],
+        [
+            "… of which `messages.prepare`",
+            num(ours["prepare_only"]["per_s"]),
+            num(ours["prepare_only"]["us_per_message"]),
+        ],
+        [
+            "… of which `KombuPublisher.publish`",
+            num(ours["publish_only"]["per_s"]),
+            num(ours["publish_only"]["us_per_message"]),
+        ],
+    ]
+    return table(["path", "messages/s", "µs/message"], rows)
+
+
+def profile(result: dict[str, Any], sides: Sides) -> str:
+    timing = result["drain_under_profiler"]
+    head = (
+        f"{result['samples']:,} samples (py-spy, idle included) while one relay drained "
+        f"{timing['backlog']:,} messages at {timing['per_s']:,.0f}/s under the profiler.\n\n"
+    )
+    rows = [
+        [
+            own["function"] if own else "",
+            f"{own['percent']}%" if own else "",
+            tot["function"] if tot else "",
+            f"{tot['percent']}%" if tot else "",
+        ]
+        for own, tot in zip(result["self"], result["total"], strict=False)
+    ]
+    return head + table(["self (leaf) function", "share", "on the stack (total)", "share"], rows)
+
+
+# --- fixed text -------------------------------------------------------------------------
+
+
+def preamble(report: dict[str, Any]) -> str:
+    peer = "peer" in report["sides"]
+    title = (
+        "outbox-notify and django-celery-outbox 0.4.3, side by side" if peer else "outbox-notify"
+    )
+    return (
+        f"# Benchmarks: {title}\n\n"
+        f"Measured with `make bench` (`{report['command']}`) on {report['started_at']}, "
+        f"{report['mode']} mode, in {report['runtime_s']:.0f} s. Raw figures: "
+        "`bench/results/latest.json`. Re-run on your own machine before relying on a figure: "
+        "every number below depends on the disk's fsync time and the CPU.\n"
+    )
+
+
+def machine(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    pg, redis = m["postgresql"], m["redis"]
+    packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
+    modified = (
+        " (relay code modified in the working tree)" if m["checkout"]["relay_modified"] else ""
+    )
+    rows = [
+        ["CPU", f"{m['nproc']} x {m['cpu']}"],
+        ["memory", m["memory"]],
+        ["OS", m["platform"]],
+        [
+            "PostgreSQL",
+            f"{pg['server_version']}, {pg['server']}; fsync={pg['fsync']}, "
+            f"synchronous_commit={pg['synchronous_commit']}, full_page_writes={pg['full_page_writes']}, "
+            f"wal_sync_method={pg['wal_sync_method']}, shared_buffers={pg['shared_buffers']}",
+        ],
+        ["Redis", f"{redis['version']}, {redis['server']}"],
+        ["Python", m["python"]],
+        ["packages", packages],
+        ["checkout", f"{m['checkout']['commit']}{modified}"],
+        ["load average at the start", " / ".join(f"{x:.2f}" for x in m["load_average"])],
+    ]
+    return "## Machine\n\n" + table(["", ""], rows)
+
+
+NOTES = {
+    "latency": (
+        "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
+        "does not hang on one connection's fsync) and stamps each commit's return; a separate "
+        "consumer process BRPOPs the Redis list and stamps each arrival (both CLOCK_MONOTONIC). "
+        "The rows are copies of a row the library's own `delay()` wrote, each with a fresh task "
+        "id. Where a relay publishes slower than the rate, its backlog and its latency grow "
+        "through the run.\n"
+    ),
+    "drain": (
+        "\nThe relays start on an empty table; the backlog is inserted in one transaction and the "
+        "clock runs from the commit's return until the Redis list holds every message. CPU is "
+        "utime + stime from /proc: of the relay processes, and of the whole PostgreSQL process "
+        "tree (backends that exited included) when the server is private.\n"
+    ),
+    "writers": (
+        "\npgbench clients each commit one outbox row per transaction (the same realistic row as "
+        "above). The relays that run beside the writers publish what they can and compete for the "
+        "same two cores, so part of a 'relay running' ratio is CPU taken by the relay, not the "
+        "trigger; the 'no relay' row isolates the trigger. NOTIFYs are counted with "
+        "pg_stat_statements (track=all sees the trigger's pg_notify).\n"
+    ),
+    "idle": (
+        "\nOne relay per library at its defaults, both at once on empty tables, each in its own "
+        "database. Statements from pg_stat_statements, new connections from "
+        "pg_stat_database.sessions, CPU from /proc. django-celery-outbox polls every second and, "
+        "with Django's default CONN_MAX_AGE=0, reconnects for each poll.\n"
+    ),
+    "crash": (
+        "\nTwo relays drain a backlog; a fifth of the way through both are frozen (SIGSTOP), the "
+        "rows they hold are read, one gets SIGKILL and the other continues. Ours holds rows by "
+        "row locks in an open transaction, which PostgreSQL releases when the connection drops; "
+        "django-celery-outbox marks rows in flight and leaves them until its 300 s stale timeout. "
+        "Both relays' held rows are counted; the survivor's are published within its batch.\n"
+    ),
+    "enqueue": (
+        "\n`task.delay()` inside `transaction.atomic()` on the library's database, in one process, "
+        "no relay running. With one message per transaction the figure is bound by the commit's "
+        "fsync.\n"
+    ),
+    "ceiling": (
+        "\nNo database: how fast Celery messages reach Redis at all from one Python process. Our "
+        "relay's drain rate above can approach its publish path's figure here but not exceed it.\n"
+    ),
+}
+
+METHOD = """\
+## Method
+
+- Both relays run at their defaults: ours `manage.py outbox_listen` (batch 100, sweep every
+  2 s), django-celery-outbox `manage.py celery_outbox_relay` (batch 100, idle 1 s, stale
+  timeout 300 s; its StatsD metrics are on by default and go to localhost:9125, where nothing
+  listens). Neither project configures logging, so both print their default structlog lines.
+- The benchmark project (`bench/project/`) installs both apps; a database router keeps each
+  library's tables in its own database, so neither relay ever sees the other's rows. Each
+  library publishes to its own Redis list on a private `redis-server` without persistence.
+- Scenarios alternate the libraries (ours, peer, ours, peer ...), so drift on the machine hits
+  both alike. The machine is small and may be shared: compare within a table, not across runs.
+"""

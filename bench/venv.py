@@ -1,0 +1,69 @@
+"""The benchmark's own virtualenv: this checkout plus django-celery-outbox, matplotlib, py-spy.
+
+Kept apart from .venv so the peer library never leaks into the test suite. Created on first
+use and reinstalled only when the requirement list or pyproject.toml changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.procs import BenchError
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv-bench"
+STAMP = VENV / ".bench-installed"
+PEER_REQUIREMENT = "django-celery-outbox==0.4.3"
+REQUIREMENTS = (
+    "-e",
+    f"{ROOT}[binary,redis]",
+    "pytest-postgresql>=6",  # devtools.pgserver starts the private PostgreSQL with it
+    PEER_REQUIREMENT,
+    "matplotlib>=3.7",
+    "py-spy>=0.3.14",
+)
+INSTALL_TIMEOUT = 900  # seconds: a cold pip install from the package index
+
+
+def python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def _fingerprint() -> str:
+    digest = hashlib.sha256("\n".join(REQUIREMENTS).encode())
+    digest.update((ROOT / "pyproject.toml").read_bytes())
+    return digest.hexdigest()
+
+
+def inside() -> bool:
+    """True when this interpreter is the benchmark venv's."""
+    return Path(sys.prefix).resolve() == VENV.resolve()
+
+
+def ensure() -> Path:
+    """Create or update the venv when needed; the path of its python."""
+    if STAMP.exists() and STAMP.read_text() == _fingerprint() and python().exists():
+        return python()
+    print(f"bench: preparing {VENV.name}/ (one-time pip install)", file=sys.stderr, flush=True)
+    base = getattr(sys, "_base_executable", sys.executable)
+    steps = [
+        [base, "-m", "venv", str(VENV)],
+        [str(python()), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
+        [str(python()), "-m", "pip", "install", "--quiet", *REQUIREMENTS],
+    ]
+    for argv in steps:
+        done = subprocess.run(argv, check=False, timeout=INSTALL_TIMEOUT)
+        if done.returncode != 0:
+            raise BenchError(f"creating the benchmark venv failed at: {' '.join(argv)}")
+    STAMP.write_text(_fingerprint())
+    return python()
+
+
+def reexec(argv: list[str]) -> None:
+    """Replace this process with the same `python -m bench.run` inside the benchmark venv."""
+    interpreter = ensure()
+    os.execv(interpreter, [str(interpreter), "-m", "bench.run", *argv])  # noqa: S606

@@ -1,0 +1,54 @@
+"""The benchmark harness runs end to end: every scenario of `bench.run --quick --no-peer` completes.
+
+Only whether each scenario ran is checked, never a figure: timings belong in the benchmark's
+report, not in a test's assertions. --no-peer keeps it offline and fast (no second venv, no
+django-celery-outbox); the harness starts its own PostgreSQL and Redis and stops them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 400.0  # seconds: generous; the run itself takes about a minute and a half
+
+
+def _redis_available() -> bool:
+    if shutil.which("redis-server"):
+        return True
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", 6379)) == 0
+
+
+@pytest.mark.redis
+def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
+    """`python -m bench.run --quick --no-peer` exits 0 and reports every scenario as ok."""
+    if not _redis_available() and os.environ.get("CI") != "true":
+        pytest.skip("neither redis-server nor a Redis on 127.0.0.1:6379")
+    out = tmp_path / "bench.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_SETTINGS")}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--quick", "--no-peer", "--out", str(out),
+         "--work-dir", str(tmp_path / "work")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert out.exists(), f"no report written\n{done.stdout}\n{done.stderr}"
+    report = json.loads(out.read_text())
+    failed = {n: s["error"] for n, s in report["scenarios"].items() if s["status"] != "ok"}
+    assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
+    assert set(report["scenarios"]) >= {"latency", "drain", "writers", "idle", "crash"}
+    assert done.returncode == 0, done.stderr
