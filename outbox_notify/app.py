@@ -12,7 +12,7 @@ import structlog
 from celery.result import AsyncResult
 from django.db import connections, transaction
 
-from outbox_notify import conf, context, serialization, signals
+from outbox_notify import conf, context, observability, serialization, signals
 from outbox_notify import sql as sql_files
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -122,8 +122,8 @@ def write_row(row: serialization.OutboxRow) -> None:
     if signals.outbox_message_created.has_listeners():
         transaction.on_commit(
             functools.partial(
-                signals.outbox_message_created.send_robust,
-                sender=OutboxCelery,
+                observability.send_signal,
+                signals.outbox_message_created,
                 task_id=row.task_id,
                 task_name=row.task_name,
             ),

@@ -124,6 +124,10 @@ def statsd() -> dict[str, Any] | None:
     if not host:
         return None
     tags = _get("STATSD_TAGS") or ()
+    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+        raise ConfigurationError(
+            "OUTBOX_NOTIFY_STATSD_TAGS must be a list or tuple of 'key:value' strings"
+        )
     return {
         "host": str(host),
         "port": int(_get("STATSD_PORT", DEFAULT_STATSD_PORT)),

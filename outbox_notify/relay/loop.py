@@ -41,6 +41,7 @@ class Relay:
     PEER_RECHECK = 1.0  # seconds: how long to trust that a peer relay holds the wake lock
     DUE_SLACK = 0.001  # seconds added to a retry's due time so it is due when we wake
     GAUGE_INTERVAL = 15.0  # seconds between queue depth/age samples (only with metrics on)
+    LIVENESS_MIN_INTERVAL = 1.0  # seconds: touch the liveness file no more often than this
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class Relay:
         self.stop_requested_at: float | None = None
         self.connected = False
         self.next_gauges = 0.0
+        self.next_touch = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -100,6 +102,8 @@ class Relay:
                         "outbox.database_unavailable", error=str(exc), retry_in=round(delay, 3)
                     )
                     self.pause(delay)
+                    # Still alive while the database is away: a restart would not help.
+                    self.touch_liveness()
         finally:
             self.disconnect()
             self.publisher.close()
@@ -139,7 +143,7 @@ class Relay:
         self.touch_liveness()
         cooldown = self.breaker.wait_time()
         if cooldown > 0:
-            self.pause(cooldown)
+            self.pause(min(cooldown, self.config.liveness_interval))
             return
         if not self.drain() or self.stopping:
             return
@@ -157,6 +161,8 @@ class Relay:
     def drain(self) -> bool:
         """Process batches until one comes back short; False when the broker is down."""
         while not self.stopping:
+            self.touch_liveness()
+            self.sample_gauges()
             claimed, outage = self.process_batch()
             if outage:
                 return False
@@ -349,10 +355,12 @@ class Relay:
     # -- liveness ------------------------------------------------------------------------
 
     def touch_liveness(self) -> None:
-        """Update the liveness file's mtime (a probe checks that it is recent)."""
+        """Update the liveness file's mtime (a probe checks that it is recent), at most 1/s."""
         path: Path | None = self.config.liveness_file
-        if path is None:
+        now = self.clock.monotonic()
+        if path is None or now < self.next_touch:
             return
+        self.next_touch = now + self.LIVENESS_MIN_INTERVAL
         try:
             path.touch()
         except OSError as exc:

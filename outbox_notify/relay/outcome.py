@@ -99,7 +99,8 @@ class OutcomePolicy:
         dead: list[tuple[ClaimedRow, Dead]],
     ) -> None:
         attempts_made = row.retries + 1
-        if row.retries >= self.config.max_retries:
+        # CONTRACT: dead-lettered after --max-retries ordinary failures (0 counts as 1).
+        if attempts_made >= max(self.config.max_retries, 1):
             reason = f"publish failed {attempts_made} times; last error: {error}"
             dead.append((row, Dead(id=row.id, retries=attempts_made, reason=reason)))
             return

@@ -157,8 +157,8 @@ def test_failing_message_backs_off_then_dead_letters(
         what="the dead letter",
         context=relay.output,
     )
-    assert dead.retries == 3
-    assert "publish failed 3 times" in dead.failure_reason
+    assert dead.retries == 2  # CONTRACT: dead-lettered after --max-retries ordinary failures
+    assert "publish failed 2 times" in dead.failure_reason
     assert "no-such-codec" in dead.failure_reason
     assert not OutboxMessage.objects.exists()
     assert bad not in redis_queue.task_ids()

@@ -123,14 +123,14 @@ def test_published_rows_are_finished_as_published() -> None:
 def test_ordinary_failure_spends_a_retry_then_dead_letters() -> None:
     """A failing message is rescheduled with backoff until max_retries, then dead-lettered."""
     failing = ScriptedPublisher(lambda m: Attempt(Result.FAILED, "boom"))
-    store = FakeStore([row(1, retries=0), row(2, retries=2)])
+    store = FakeStore([row(1, retries=0), row(2, retries=1)])
     relay(store, failing, max_retries=2, backoff_time=1.0, max_backoff=10.0).process_batch()
     [retry] = store.finished[0].retry
     [dead] = store.finished[0].dead
     assert (retry.id, retry.retries, retry.error) == (1, 1, "boom")
     assert 0.5 <= retry.delay <= 1.5
-    assert (dead.id, dead.retries) == (2, 3)
-    assert "publish failed 3 times; last error: boom" in dead.reason
+    assert (dead.id, dead.retries) == (2, 2)
+    assert "publish failed 2 times; last error: boom" in dead.reason
 
 
 def test_outage_spends_nothing_and_opens_the_breaker() -> None:

@@ -9,7 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from outbox_notify.exceptions import OutboxNotifyError
 from outbox_notify.management.commands._relay_options import SWEEP_FLAGS, add_flags, config_from
-from outbox_notify.relay.runner import build_relay, check_reachable
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
 
 
 class Command(BaseCommand):
@@ -26,15 +27,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            relay = build_relay(config_from(options, SWEEP_FLAGS), listen=False, wake_fd=None)
-            check_reachable(relay)
-            try:
-                if not relay.drain():
-                    raise CommandError(
-                        "the broker became unreachable during the sweep; rows left for the next run"
-                    )
-            finally:
-                relay.disconnect()
-                relay.publisher.close()
+            holder: list[Relay] = []
+            # SIGTERM/SIGINT: finish the batch in hand (so nothing it published is sent
+            # twice), then stop.
+            with stop_signals(holder):
+                relay = build_relay(config_from(options, SWEEP_FLAGS), listen=False, wake_fd=None)
+                holder.append(relay)
+                check_reachable(relay)
+                try:
+                    if not relay.drain():
+                        raise CommandError(
+                            "the broker became unreachable during the sweep; rows left for the next run"
+                        )
+                finally:
+                    relay.disconnect()
+                    relay.publisher.close()
         except OutboxNotifyError as exc:
             raise CommandError(str(exc)) from exc
