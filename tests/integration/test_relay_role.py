@@ -1,0 +1,183 @@
+"""sql/relay_role.sql: a relay logged in with only outbox_notify_relay's privileges works, and a
+writer with only outbox_notify_writer's can enqueue.
+
+Roles are cluster-wide, so this runs on a private PostgreSQL server of its own (never the
+session's or the machine's), where PUBLIC's default rights on the schema are revoked first:
+every privilege the relay uses must come from the script.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import errors as pg_errors
+
+from devtools import pgserver
+from tests.relay_support import ROOT, RedisQueue, wait_for
+
+INSTALL_SQL = ROOT / "sql" / "install.sql"
+ROLE_SQL = ROOT / "sql" / "relay_role.sql"
+DATABASE = "role_test"
+RELAY_LOGIN = "relay_login"
+WRITER_LOGIN = "writer_login"
+# Two attempts: the failing row is rescheduled once (UPDATE), then dead-lettered (INSERT).
+FAST = ["--sweep-interval", "1", "--backoff-time", "0.2", "--max-backoff", "1", "--max-retries", "2"]  # fmt: skip
+POISON_ID = "role-test-poison"
+FAILING_ID = "role-test-failing"
+
+
+def _psql(server: pgserver.PrivateServer, path: Path) -> None:
+    argv = [
+        "psql",
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-d",
+        server.url(DATABASE),
+        "-f",
+        str(path),
+    ]
+    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[pgserver.PrivateServer]:
+    """A private cluster with the schema installed and the role script applied (twice)."""
+    with pgserver.running() as srv:
+        with psycopg.connect(srv.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DATABASE}")
+        with psycopg.connect(srv.url(DATABASE), autocommit=True) as conn:
+            conn.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
+        _psql(srv, INSTALL_SQL)
+        _psql(srv, ROLE_SQL)
+        _psql(srv, ROLE_SQL)  # idempotent
+        with psycopg.connect(srv.url(DATABASE), autocommit=True) as conn:
+            conn.execute(f"CREATE ROLE {RELAY_LOGIN} LOGIN IN ROLE outbox_notify_relay")
+            conn.execute(f"CREATE ROLE {WRITER_LOGIN} LOGIN IN ROLE outbox_notify_writer")
+        yield srv
+
+
+def _as(server: pgserver.PrivateServer, login: str) -> psycopg.Connection[Any]:
+    url = f"postgresql://{login}@{server.host}:{server.port}/{DATABASE}"
+    return psycopg.connect(url, autocommit=True)
+
+
+def _env(base: dict[str, Any], server: pgserver.PrivateServer, login: str) -> dict[str, Any]:
+    return {
+        **base,
+        "OUTBOX_TEST_DATABASE_URL": f"postgresql://{login}@{server.host}:{server.port}/postgres",
+        "OUTBOX_TEST_DB_NAME": DATABASE,
+    }
+
+
+def _enqueue_as_writer(env: dict[str, Any], queue: str) -> str:
+    """The real write side (OutboxCelery in atomic()) in a subprocess logged in as the writer."""
+    script = textwrap.dedent(
+        f"""
+        import django
+        django.setup()
+        from django.db import transaction
+        from tests.celery_app import add
+        with transaction.atomic():
+            print(add.apply_async((20, 22), queue={queue!r}).id)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def _insert_bad_rows(server: pgserver.PrivateServer, queue: str) -> None:
+    """As the owner: one undecodable row (dead at once), one whose publish fails (retried)."""
+    failing = {
+        "headers": {"id": FAILING_ID, "task": "tests.add", "lang": "py"},
+        "properties": {"correlation_id": FAILING_ID},
+        "routing_key": queue,
+        "exchange": "",
+        "serializer": "no-such-serializer",
+    }
+    with psycopg.connect(server.url(DATABASE), autocommit=True) as conn:
+        for task_id, options in ((POISON_ID, {}), (FAILING_ID, failing)):
+            conn.execute(
+                "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+                " schema_version) VALUES (%s, 'tests.add', '[1, 2]', '{}', %s, 1)",
+                [task_id, json.dumps(options)],
+            )
+
+
+def _dead_letters(server: pgserver.PrivateServer) -> dict[str, str]:
+    with psycopg.connect(server.url(DATABASE)) as conn:
+        rows = conn.execute(
+            "SELECT task_id, failure_reason FROM outbox_notify_dead_letter_v1"
+        ).fetchall()
+    return {str(task_id): str(reason) for task_id, reason in rows}
+
+
+def test_relay_runs_with_only_the_relay_role(
+    server: pgserver.PrivateServer,
+    relay_env: dict[str, Any],
+    start_relay: Any,
+    redis_queue: RedisQueue,
+) -> None:
+    """Publish, retry (UPDATE), dead-letter (INSERT + sequence), LISTEN and locks all work."""
+    task_id = _enqueue_as_writer(_env(relay_env, server, WRITER_LOGIN), redis_queue.name)
+    _insert_bad_rows(server, redis_queue.name)
+    relay = start_relay(*FAST, env=_env(relay_env, server, RELAY_LOGIN))
+    wait_for(lambda: task_id in redis_queue.task_ids(), what="the message", context=relay.output)
+    wait_for(
+        lambda: set(_dead_letters(server)) == {POISON_ID, FAILING_ID},
+        what="both bad rows dead-lettered",
+        context=relay.output,
+    )
+    assert "publish failed 2 times" in _dead_letters(server)[FAILING_ID]
+    wait_for(lambda: "outbox.database_connected mode=listen" in " ".join(relay.output().split()))
+    with psycopg.connect(server.url(DATABASE)) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_notify_message_v1").fetchone() == (0,)
+    output = relay.output()
+    assert "permission denied" not in output
+    assert "outbox.database_unavailable" not in output
+
+
+def test_relay_role_cannot_write_messages_or_read_dead_letters(
+    server: pgserver.PrivateServer,
+) -> None:
+    """The relay role has no INSERT on the outbox and no SELECT on the dead letters."""
+    with _as(server, RELAY_LOGIN) as conn:
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute(
+                "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+                " schema_version) VALUES ('x', 'x', '[]', '{}', '{}', 1)"
+            )
+        with pytest.raises(pg_errors.InsufficientPrivilege):
+            conn.execute("SELECT 1 FROM outbox_notify_dead_letter_v1")
+
+
+def test_writer_role_can_only_insert(server: pgserver.PrivateServer) -> None:
+    """The writer role inserts messages but can neither read, change nor delete them."""
+    with _as(server, WRITER_LOGIN) as conn:
+        for statement in (
+            "SELECT 1 FROM outbox_notify_message_v1",
+            "DELETE FROM outbox_notify_message_v1",
+            "UPDATE outbox_notify_message_v1 SET retries = 0",
+            "INSERT INTO outbox_notify_dead_letter_v1 (task_id, task_name, args, kwargs, options,"
+            " schema_version, retries, failure_reason, created_at)"
+            " VALUES ('x', 'x', '[]', '{}', '{}', 1, 0, 'x', now())",
+        ):
+            with pytest.raises(pg_errors.InsufficientPrivilege):
+                conn.execute(statement)
