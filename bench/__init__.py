@@ -1,0 +1,1 @@
+"""Benchmarks of outbox-notify; each module runs with `python -m bench.<name>`."""
