@@ -134,7 +134,8 @@ class Harness:
         worker_process = self.worker
         if worker_process is None or worker_process.running():
             return
-        error = [line for line in worker_process.log_tail().splitlines() if "Unrecoverable" in line]
+        text = worker_process.log_path.read_text(errors="replace")
+        error = [line for line in text.splitlines() if "Unrecoverable error" in line]
         self.worker_exits.append(
             {"at": time.time(), "returncode": worker_process.returncode(), "error": error[-1:]}
         )
@@ -247,6 +248,8 @@ class Harness:
         result.update(accounting.commit_rates(load.tally, load_window, window))
         result.update(self.sampler.figures(window))
         result["timeline"] = accounting.timeline(load.tally, done, load_window[0])
+        result["outbox_timeline"] = self.sampler.age_timeline(load_window[0])
+        result["load_average"] = [round(x, 2) for x in os.getloadavg()]
         result.update(
             ambiguous_committed=ambiguous[0], ambiguous_not=ambiguous[1],
             drained=drain.drained, drain_seconds=round(drain.seconds, 1),

@@ -63,3 +63,7 @@ class OutboxSampler(threading.Thread):
             "outbox_max_age_during_fault_s": round(max(during, default=0.0), 3),
             "broker_queue_max": max(self.broker_depths, default=0),
         }
+
+    def age_timeline(self, origin: float) -> list[tuple[float, int, float]]:
+        """(seconds since `origin`, rows waiting, oldest row's age), one per sample."""
+        return [(round(at - origin, 1), rows, round(age, 2)) for at, rows, age in self.samples]

@@ -1,0 +1,86 @@
+"""The chaos suite's quick mode as a CI test: faults under load lose nothing, run nothing rolled back.
+
+`python -m chaos.run --quick --json PATH` starts its own PostgreSQL and redis-server, two relays
+and a real Celery worker, and injects relay kills, pg_terminate_backend on both relay sessions,
+a broker stop and poison rows while 16 writers commit and roll back (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+QUICK_SCENARIOS = ["kill", "terminate_listen", "terminate_claim", "broker_stop", "poison"]
+RUN_TIMEOUT = 540  # seconds: the quick run takes about 90 s; a loaded CI machine gets slack
+
+pytestmark = [pytest.mark.worker, pytest.mark.timeout(RUN_TIMEOUT + 60)]
+
+
+@pytest.fixture(scope="module")
+def chaos_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the quick chaos suite once; its JSON results (the log folder is kept under tmp)."""
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+            pytest.fail("redis-server is not installed; CI requires it")
+        pytest.skip("redis-server is not installed")
+    base = tmp_path_factory.mktemp("chaos")
+    out = base / "chaos.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "chaos.run", "--quick", "--json", str(out),
+         "--log-dir", str(base / "logs")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert out.exists(), f"no results written\n{done.stdout[-5000:]}\n{done.stderr[-5000:]}"
+    results: dict[str, Any] = json.loads(out.read_text())
+    results["stdout"] = done.stdout
+    return results
+
+
+def _scenarios(results: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(results["scenarios"])
+
+
+def test_quick_run_covers_its_scenarios_under_load(chaos_results: dict[str, Any]) -> None:
+    """Every quick scenario ran, and writers committed and rolled back in each."""
+    scenarios = _scenarios(chaos_results)
+    assert [s["scenario"] for s in scenarios] == QUICK_SCENARIOS, chaos_results["stdout"]
+    for scenario in scenarios:
+        assert scenario["committed"] > 0, scenario["scenario"]
+        assert scenario["rolled_back"] > 0, scenario["scenario"]
+
+
+def test_no_committed_message_is_lost(chaos_results: dict[str, Any]) -> None:
+    """Under every fault, each committed message reached the broker (and no run lost any)."""
+    lost = {s["scenario"]: s["lost"] for s in _scenarios(chaos_results)}
+    assert lost == dict.fromkeys(QUICK_SCENARIOS, 0), chaos_results["stdout"]
+
+
+def test_no_rolled_back_message_is_executed(chaos_results: dict[str, Any]) -> None:
+    """Under every fault, no message of a rolled-back transaction was published or executed."""
+    for scenario in _scenarios(chaos_results):
+        assert scenario["rolled_back_executed"] == 0, chaos_results["stdout"]
+        assert scenario["rolled_back_published"] == 0, chaos_results["stdout"]
+
+
+def test_poison_rows_end_as_documented(chaos_results: dict[str, Any]) -> None:
+    """Undecodable rows are dead-lettered, a future schema is kept, an unknown task published."""
+    [poison] = [s for s in _scenarios(chaos_results) if s["scenario"] == "poison"]
+    assert {v["kind"]: v["ok"] for v in poison["poison"]} == {
+        "options-missing-headers": True,
+        "options-not-object": True,
+        "unknown-serializer": True,
+        "future-schema": True,
+        "unknown-task": True,
+    }, poison["poison"]
