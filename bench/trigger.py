@@ -73,9 +73,26 @@ RELAY_STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL for a --relay-c
 LIBPQ_ENV = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "dbname": "PGDATABASE",
              "password": "PGPASSWORD"}  # fmt: skip
 
-INSERT_SCRIPT = """\
+# A valid schema-1 message, so a real relay (--relay-cmd) publishes each row rather than
+# dead-lettering it: default routing to one Redis list that the benchmark deletes after each run.
+RELAY_QUEUE = "outbox-bench-trigger"
+RELAY_REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
+OPTIONS = json.dumps(
+    {
+        "headers": {"lang": "py", "task": "shop.tasks.send_receipt", "id": "bench", "retries": 0},
+        "properties": {},
+        "embed": {"callbacks": None, "errbacks": None, "chain": None, "chord": None},
+        "exchange": "",
+        "routing_key": RELAY_QUEUE,
+        "serializer": "json",
+        "delivery_mode": 2,
+        "declare": [],
+        "relative": {},
+    }
+)
+INSERT_SCRIPT = f"""\
 INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options, schema_version)
-VALUES (gen_random_uuid()::text, 'shop.tasks.send_receipt', '[42]', '{}', '{}', 1);
+VALUES (gen_random_uuid()::text, 'shop.tasks.send_receipt', '[42]', '{{}}', '{OPTIONS}', 1);
 """
 NAIVE_TRIGGER = """\
 CREATE OR REPLACE FUNCTION outbox_notify_bench_always_notify() RETURNS trigger
@@ -379,7 +396,12 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
 def relay_env(dsn: str) -> dict[str, str]:
     """Our environment plus the benchmark database, as a conninfo and as libpq's PG* variables."""
     parts = {LIBPQ_ENV[k]: str(v) for k, v in conninfo_to_dict(dsn).items() if k in LIBPQ_ENV}
-    return {**os.environ, **parts, "OUTBOX_BENCH_DSN": dsn}
+    return {
+        **os.environ,
+        **parts,
+        "OUTBOX_BENCH_DSN": dsn,
+        "OUTBOX_TEST_BROKER_URL": RELAY_REDIS_URL,
+    }
 
 
 @contextlib.contextmanager
@@ -392,6 +414,14 @@ def relay_command(command: str, dsn: str) -> Iterator[None]:
         yield
     finally:
         _terminate(proc)
+        _drop_relay_queue()
+
+
+def _drop_relay_queue() -> None:
+    import redis
+
+    with contextlib.suppress(Exception):
+        redis.Redis.from_url(RELAY_REDIS_URL).delete(RELAY_QUEUE)
 
 
 def relay_for(config: Config, bench: Bench) -> contextlib.AbstractContextManager[RelayStats | None]:

@@ -17,10 +17,16 @@ TIME_ZONE = "UTC"
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-_url = urlsplit(
-    os.environ.get("OUTBOX_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-)
-_db_name = os.environ.get("OUTBOX_TEST_DB_NAME", "outbox_notify")
+
+def _default_url() -> str:
+    # libpq's variables, when set, name the server (bench/trigger.py --relay-cmd sets them).
+    user = os.environ.get("PGUSER", "postgres")
+    host = os.environ.get("PGHOST", "127.0.0.1")
+    return f"postgresql://{user}@{host}:{os.environ.get('PGPORT', '5432')}/postgres"
+
+
+_url = urlsplit(os.environ.get("OUTBOX_TEST_DATABASE_URL") or _default_url())
+_db_name = os.environ.get("OUTBOX_TEST_DB_NAME") or os.environ.get("PGDATABASE") or "outbox_notify"
 
 
 def _database(name: str) -> dict[str, object]:
