@@ -90,10 +90,11 @@ OPTIONS = json.dumps(
         "relative": {},
     }
 )
-INSERT_SCRIPT = f"""\
+# OPTIONS is a constant of this file (no quotes inside), spliced into pgbench's script file.
+INSERT_SCRIPT = """\
 INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options, schema_version)
-VALUES (gen_random_uuid()::text, 'shop.tasks.send_receipt', '[42]', '{{}}', '{OPTIONS}', 1);
-"""
+VALUES (gen_random_uuid()::text, 'shop.tasks.send_receipt', '[42]', '{}', '@OPTIONS@', 1);
+""".replace("@OPTIONS@", OPTIONS)
 NAIVE_TRIGGER = """\
 CREATE OR REPLACE FUNCTION outbox_notify_bench_always_notify() RETURNS trigger
     LANGUAGE plpgsql
