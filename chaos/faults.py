@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 
 from chaos import poison
-from chaos.processes import STALE_TIMEOUT, Process, RelayGroup
+from chaos.processes import STALE_TIMEOUT, Process, RelayGroup, owner_of_local_port
 from chaos.services import PrivatePostgres, PrivateRedis
 
 LISTEN_APP = "outbox_notify.listen"
@@ -126,15 +126,49 @@ def stop_broker(lab: Lab, duration: float) -> Window:
     return start, time.time()
 
 
+WAKE_LOCK_HOLDER_SQL = """
+SELECT a.client_port FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 1
+  AND l.mode = 'ExclusiveLock' AND l.granted
+"""
+
+
+def _wake_lock_holder(lab: Lab) -> Process | None:
+    """The relay asleep with the wake lock right now, if any."""
+    with lab.pg.admin() as conn:
+        row = conn.execute(WAKE_LOCK_HOLDER_SQL).fetchone()
+    return owner_of_local_port(lab.relays.relays, int(row[0])) if row else None
+
+
+def _freeze_wake_lock_holder(lab: Lab, patience: float = 3.0) -> Process | None:
+    """Freeze the relay holding the wake lock the moment one is seen (within `patience` s)."""
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        holder = _wake_lock_holder(lab)
+        if holder is not None:
+            holder.freeze()
+            return holder
+        time.sleep(0.05)
+    return None
+
+
 def freeze_relays(lab: Lab, duration: float) -> Window:
-    """SIGSTOP a relay for --stale-timeout + 3 s, then SIGCONT; each relay in turn (full run)."""
+    """SIGSTOP a relay for --stale-timeout + 3 s, then SIGCONT; each relay in turn (full run).
+
+    The first one frozen is the relay asleep with the wake lock when there is one, to see
+    whether --stale-timeout frees the lock as it frees claimed rows.
+    """
     start = time.time()
     end = time.monotonic() + duration
-    relays = lab.relays.relays[:1] if lab.quick else lab.relays.relays
+    holder = _freeze_wake_lock_holder(lab)
+    others = [r for r in lab.relays.relays if r is not holder]
+    relays = ([holder] if holder else []) + others
+    relays = relays[:1] if lab.quick else relays
     for relay in relays:
-        time.sleep(lab.rng.uniform(0.2, 1.0))
-        relay.freeze()
-        lab.event(f"SIGSTOP {relay.name}")
+        if relay is not holder:
+            time.sleep(lab.rng.uniform(0.2, 1.0))
+            relay.freeze()
+        lab.event(f"SIGSTOP {relay.name}" + (" (it held the wake lock)" if relay is holder else ""))
         time.sleep(STALE_TIMEOUT + FREEZE_EXTRA)
         relay.thaw()
         lab.event(f"SIGCONT {relay.name}")

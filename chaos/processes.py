@@ -178,3 +178,33 @@ def worker(env: dict[str, str], log_path: Path, queue: str) -> Process:
         "-n", f"chaos-{os.getpid()}@localhost",
     ]  # fmt: skip
     return Process("worker", argv, env, log_path)
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes: set[str] = set()
+    fd_dir = Path(f"/proc/{pid}/fd")
+    for fd in fd_dir.iterdir() if fd_dir.exists() else ():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    return inodes
+
+
+def owner_of_local_port(processes: list[Process], port: int) -> Process | None:
+    """The process whose TCP socket has this local port on 127.0.0.1 (Linux /proc)."""
+    wanted = f"0100007F:{port:04X}"
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == wanted:
+            inode = fields[9]
+            break
+    if inode is None:
+        return None
+    for process in processes:
+        if process.pid is not None and inode in _socket_inodes(process.pid):
+            return process
+    return None

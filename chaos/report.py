@@ -65,6 +65,11 @@ def details(results: list[dict[str, Any]]) -> str:
         for verdict in result.get("poison", []):
             mark = "ok" if verdict["ok"] else "WRONG"
             lines.append(f"  poison {verdict['kind']}: {verdict['observed']} [{mark}]")
+        if result.get("wake_lock_holder_max_idle_s", 0) > 5.0:
+            lines.append(
+                "  NOTE: a session held the wake lock while idle for "
+                f"{result['wake_lock_holder_max_idle_s']} s (> --stale-timeout)"
+            )
         if result.get("notify_queue_usage_max") is not None:
             lines.append(f"  notify queue usage max: {result['notify_queue_usage_max']}")
         lines.extend(f"  VIOLATION: {text}" for text in result["violations"])

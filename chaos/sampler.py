@@ -16,6 +16,14 @@ from typing import Any
 import psycopg
 
 INTERVAL = 0.5  # seconds between samples
+# The session holding the wake lock in exclusive mode (a relay asleep), and for how long it
+# has been idle: a healthy sleeper runs a query at least every --sweep-interval.
+WAKE_LOCK_SQL = """
+SELECT coalesce(max(extract(epoch FROM now() - a.state_change)), 0)::float8
+FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid)
+WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 1
+  AND l.mode = 'ExclusiveLock' AND l.granted AND a.state = 'idle'
+"""
 SAMPLE_SQL = """
 SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 FROM outbox_notify_message_v1
@@ -34,6 +42,7 @@ class OutboxSampler(threading.Thread):
         self.queue_depth = queue_depth
         self.samples: list[tuple[float, int, float]] = []
         self.broker_depths: list[int] = []
+        self.wake_lock_idle: list[tuple[float, float]] = []
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -47,6 +56,9 @@ class OutboxSampler(threading.Thread):
             row = conn.execute(SAMPLE_SQL).fetchone()
             if row is not None:
                 self.samples.append((time.time(), int(row[0]), float(row[1])))
+            held = conn.execute(WAKE_LOCK_SQL).fetchone()
+            if held is not None:
+                self.wake_lock_idle.append((time.time(), float(held[0])))
             with contextlib.suppress(Exception):  # the broker may be the thing stopped
                 self.broker_depths.append(self.queue_depth())
 
@@ -62,6 +74,9 @@ class OutboxSampler(threading.Thread):
             "outbox_max_age_s": round(max((age for _, _, age in self.samples), default=0.0), 3),
             "outbox_max_age_during_fault_s": round(max(during, default=0.0), 3),
             "broker_queue_max": max(self.broker_depths, default=0),
+            "wake_lock_holder_max_idle_s": round(
+                max((idle for _, idle in self.wake_lock_idle), default=0.0), 2
+            ),
         }
 
     def age_timeline(self, origin: float) -> list[tuple[float, int, float]]:
