@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import errors as pg_errors
+from psycopg import sql as pgsql
 
 from devtools import pgserver
 from tests.relay_support import ROOT, RedisQueue, wait_for
@@ -54,15 +55,22 @@ def server() -> Iterator[pgserver.PrivateServer]:
     """A private cluster with the schema installed and the role script applied (twice)."""
     with pgserver.running() as srv:
         with psycopg.connect(srv.url(), autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {DATABASE}")
+            conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(DATABASE)))
         with psycopg.connect(srv.url(DATABASE), autocommit=True) as conn:
             conn.execute("REVOKE ALL ON SCHEMA public FROM PUBLIC")
         _psql(srv, INSTALL_SQL)
         _psql(srv, ROLE_SQL)
         _psql(srv, ROLE_SQL)  # idempotent
         with psycopg.connect(srv.url(DATABASE), autocommit=True) as conn:
-            conn.execute(f"CREATE ROLE {RELAY_LOGIN} LOGIN IN ROLE outbox_notify_relay")
-            conn.execute(f"CREATE ROLE {WRITER_LOGIN} LOGIN IN ROLE outbox_notify_writer")
+            for login, group in (
+                (RELAY_LOGIN, "outbox_notify_relay"),
+                (WRITER_LOGIN, "outbox_notify_writer"),
+            ):
+                conn.execute(
+                    pgsql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                        pgsql.Identifier(login), pgsql.Identifier(group)
+                    )
+                )
         yield srv
 
 
