@@ -25,6 +25,7 @@ SELECT task_id, deliveries, redeliveries, extract(epoch FROM executed_at)::float
 FROM chaos_execution WHERE scenario = %s
 """
 ORDERS_SQL = "SELECT task_id FROM chaos_order WHERE task_id = ANY(%s)"
+DEAD_SQL = "SELECT task_id FROM outbox_notify_dead_letter_v1 WHERE task_id = ANY(%s)"
 OUTBOX_LEFT_SQL = "SELECT count(*) FROM outbox_notify_message_v1 WHERE NOT (task_id = ANY(%s))"
 
 
@@ -44,6 +45,13 @@ def executions(conn: psycopg.Connection[Any], scenario: str) -> dict[str, Execut
         str(task_id): Execution(deliveries=int(d), redeliveries=int(r), first_at=float(at))
         for task_id, d, r, at in rows
     }
+
+
+def dead_lettered(conn: psycopg.Connection[Any], task_ids: set[str]) -> set[str]:
+    """Which of these task ids the relays moved to the dead letters."""
+    if not task_ids:
+        return set()
+    return {str(r[0]) for r in conn.execute(DEAD_SQL, [list(task_ids)]).fetchall()}
 
 
 def resolve_ambiguous(conn: psycopg.Connection[Any], tally: Tally) -> tuple[int, int]:
@@ -118,6 +126,7 @@ class DrainCheck:
         try:
             with self.conn_factory() as conn:
                 missing = set(self.tally.committed) - set(executions(conn, self.scenario))
+                missing -= dead_lettered(conn, missing)  # given up on: nothing to wait for
                 state.leftover = outbox_leftover(conn, kept)
                 settled = poison.settled(conn, self.rows)
             client = self.broker.client()
@@ -179,18 +188,21 @@ def count(
     journal: set[str],
     published: Counter[str],
     taken: set[str],
+    dead: set[str],
 ) -> dict[str, Any]:
     """Committed, executed, lost (and where), duplicates (and why), rolled back but run.
 
     `journal`: ids the relays reported published; `published`: LPUSHes Redis received per id
-    (MONITOR); `taken`: ids a worker moved into Redis's unacknowledged set.
+    (MONITOR); `taken`: ids a worker moved into Redis's unacknowledged set; `dead`: ids in
+    the dead-letter table.
     """
     committed = set(tally.committed)
     never = tally.rolled_back | tally.aborted
     executed = committed & set(done)
     missing = committed - executed
     reached_broker = {tid for tid in missing if published[tid]}
-    lost = sorted(missing - reached_broker)
+    dead_committed = missing & dead
+    lost = sorted(missing - reached_broker - dead_committed)
     dup_ids = [tid for tid in executed if done[tid].deliveries > 1]
     return {
         "committed": len(committed),
@@ -198,6 +210,8 @@ def count(
         "lost": len(lost),
         "lost_sample": lost[:10],
         "lost_reported_published": len(set(lost) & journal),
+        "dead_lettered": len(dead_committed),
+        "dead_lettered_sample": sorted(dead_committed)[:10],
         "lost_after_broker": len(reached_broker),
         "lost_after_broker_sample": sorted(reached_broker)[:10],
         "lost_after_broker_taken_by_worker": len(reached_broker & taken),

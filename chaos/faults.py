@@ -152,6 +152,20 @@ def _freeze_wake_lock_holder(lab: Lab, patience: float = 3.0) -> Process | None:
     return None
 
 
+def refuse_writes(lab: Lab, duration: float) -> Window:
+    """The broker answers but refuses every write (maxmemory reached, noeviction), then heals."""
+    client = lab.broker.client()
+    used = int(client.info("memory")["used_memory"])
+    start = time.time()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(max(1, used // 2)))
+    lab.event(f"redis maxmemory set to {used // 2} bytes (below use): writes refused with OOM")
+    time.sleep(duration)
+    client.config_set("maxmemory", "0")
+    lab.event("redis maxmemory back to unlimited")
+    return start, time.time()
+
+
 def freeze_relays(lab: Lab, duration: float) -> Window:
     """SIGSTOP a relay for --stale-timeout + 3 s, then SIGCONT; each relay in turn (full run).
 

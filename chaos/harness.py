@@ -231,6 +231,7 @@ class Harness:
         probes = self._probe_relays(lab, load)
         with self.pg.admin() as conn:
             done = accounting.executions(conn, scenario.name)
+            dead = accounting.dead_lettered(conn, set(load.tally.committed))
             verdicts = poison.verdicts(conn, lab.poison, lab.poison_stored, self.worker_log())
             leftover = accounting.outbox_leftover(
                 conn, [p.task_id for p in lab.poison if p.expect == "kept"]
@@ -241,7 +242,7 @@ class Harness:
         journal_ids = journal.read(self.log_dir / scenario.name)
         result.update(
             accounting.count(
-                load.tally, done, journal=journal_ids, published=published, taken=taken
+                load.tally, done, journal=journal_ids, published=published, taken=taken, dead=dead
             )
         )
         result.update(accounting.latency_figures(load.tally, done, window))
@@ -337,6 +338,7 @@ class Harness:
 def _violations(scenario: Scenario, result: dict[str, Any], leaks: list[str]) -> list[str]:
     checks = [
         (result["lost"] > 0, f"{result['lost']} committed message(s) never reached the broker"),
+        (result["dead_lettered"] > 0, f"{result['dead_lettered']} committed message(s) dead-lettered (never published)"),
         (result["rolled_back_published"] > 0, f"{result['rolled_back_published']} rolled-back message(s) published"),
         (result["rolled_back_executed"] > 0, f"{result['rolled_back_executed']} rolled-back message(s) executed"),
         (result["unknown_executed"] > 0, f"{result['unknown_executed']} execution(s) of unknown task ids"),

@@ -11,6 +11,7 @@ COLUMNS = (
     ("committed", "committed"),
     ("executed", "executed"),
     ("lost", "lost"),
+    ("dead-lettered", "dead_lettered"),
     ("lost after broker", "lost_after_broker"),
     ("dups", "duplicates"),
     ("dup rate", "duplicate_rate"),
