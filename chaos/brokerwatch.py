@@ -17,10 +17,11 @@ from collections import Counter
 
 POLL = 0.2  # seconds between reconnection attempts while the broker is down
 READ_TIMEOUT = 0.5  # seconds
-# The task id in a kombu envelope's headers, as MONITOR quotes it: \"id\": \"<id>\".
-TASK_ID = re.compile(rb'\\"id\\": \\"([^\\"]+)\\"')
+# The task id in a kombu envelope's headers, as MONITOR quotes it: \"id\": \"<id>\" (kombu's
+# own encoder puts a space after the colon, the relay's Redis fast path does not).
+TASK_ID = re.compile(rb'\\"id\\": ?\\"([^\\"]+)\\"')
 # kombu marks a message it puts back (visibility timeout, worker shutdown) as redelivered.
-RESTORED = re.compile(rb'\\"redelivered\\": true')
+RESTORED = re.compile(rb'\\"redelivered\\": ?true')
 
 
 class BrokerWatch(threading.Thread):
@@ -31,6 +32,7 @@ class BrokerWatch(threading.Thread):
         self.port = port
         self.password = password
         self.push_marker = f'"LPUSH" "{queue}"'.encode()
+        self.restore_marker = f'"RPUSH" "{queue}"'.encode()  # kombu putting a message back
         self.unacked_marker = b'"HSET" "unacked"'
         self.published: Counter[str] = Counter()  # LPUSHes of new messages (relays)
         self.restored: Counter[str] = Counter()  # LPUSHes of messages kombu put back
@@ -67,7 +69,7 @@ class BrokerWatch(threading.Thread):
 
     def _scan(self, lines: list[bytes]) -> None:
         for line in lines:
-            pushed = self.push_marker in line
+            pushed = self.push_marker in line or self.restore_marker in line
             if not pushed and self.unacked_marker not in line:
                 continue
             # One LPUSH may carry a whole batch of messages (kombu's pipelined publish).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -150,6 +151,22 @@ def _freeze_wake_lock_holder(lab: Lab, patience: float = 3.0) -> Process | None:
             return holder
         time.sleep(0.05)
     return None
+
+
+def freeze_broker(lab: Lab, duration: float) -> Window:
+    """SIGSTOP the redis-server: connections stay open, nothing answers; then SIGCONT."""
+    proc = lab.broker.proc
+    if proc is None:
+        raise RuntimeError("the broker is not running")
+    start = time.time()
+    proc.send_signal(signal.SIGSTOP)
+    lab.event("redis SIGSTOPped (TCP open, no replies)")
+    try:
+        time.sleep(duration)
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    lab.event("redis SIGCONT")
+    return start, time.time()
 
 
 def refuse_writes(lab: Lab, duration: float) -> Window:

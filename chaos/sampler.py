@@ -46,6 +46,10 @@ class OutboxSampler(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
+        # The broker is sampled on a thread of its own: a frozen broker must not stall the
+        # outbox samples (a command to it blocks until its timeout).
+        broker = threading.Thread(target=self._sample_broker, name="broker-sampler", daemon=True)
+        broker.start()
         while not self.done.is_set():
             with contextlib.suppress(psycopg.Error), self.connect() as conn:
                 self._sample_until_error(conn)
@@ -59,6 +63,9 @@ class OutboxSampler(threading.Thread):
             held = conn.execute(WAKE_LOCK_SQL).fetchone()
             if held is not None:
                 self.wake_lock_idle.append((time.time(), float(held[0])))
+
+    def _sample_broker(self) -> None:
+        while not self.done.wait(INTERVAL):
             with contextlib.suppress(Exception):  # the broker may be the thing stopped
                 self.broker_depths.append(self.queue_depth())
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -149,6 +150,7 @@ class PrivateRedis:
         """Stop the server (without saving) and delete its directory."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a broker frozen by a fault must hear the TERM
             proc.terminate()
             try:
                 proc.wait(timeout=REDIS_STOP_TIMEOUT)
