@@ -70,7 +70,16 @@ def _relay(url: str) -> subprocess.Popen[bytes]:
         OUTBOX_TEST_DB_NAME="postgres", OUTBOX_TEST_BROKER_URL=REDIS_URL, PYTHONPATH=str(ROOT)
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "django", "outbox_listen", "--sweep-interval", "60"],
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "outbox_listen",
+            "--sweep-interval",
+            "60",
+            "--stale-timeout",
+            "120",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -107,6 +107,15 @@ SELECT pg_advisory_lock(1869968482, 1);
 -- name: release_wake_lock
 SELECT pg_advisory_unlock(1869968482, 1);
 
+-- name: take_wake_lock_bounded
+-- PostgreSQL 14+: while it holds the lock, a relay that stops responding (frozen, hung)
+-- loses its session after %(timeout_ms)s of silence, so the lock cannot outlive it. A healthy
+-- sleeping relay speaks on this connection at least once per sweep interval.
+SELECT set_config('idle_session_timeout', %(timeout_ms)s, false), pg_advisory_lock(1869968482, 1);
+
+-- name: release_wake_lock_bounded
+SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0', false);
+
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or
 -- writers whose transactions are still open (shared)?

@@ -55,6 +55,9 @@ class RelayConfig:
                 )
         if self.stale_timeout <= self.send_timeout:
             raise ConfigurationError("--stale-timeout must be longer than --send-timeout")
+        if self.stale_timeout <= self.sweep_interval:
+            # A sleeping relay must speak within --stale-timeout or the server ends its session.
+            raise ConfigurationError("--stale-timeout must be longer than --sweep-interval")
 
     @property
     def publish_budget(self) -> float:

@@ -22,6 +22,7 @@ from outbox_notify.relay.config import LISTEN_APPLICATION_NAME
 from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, translated
 
 PROBE_TIMEOUT = 2.0  # seconds to wait for our own probe notification
+IDLE_SESSION_TIMEOUT_SINCE = 140000  # server_version that has idle_session_timeout
 
 
 class LockState(enum.Enum):
@@ -44,10 +45,17 @@ class Listener:
     """Owns the LISTEN connection of one relay."""
 
     def __init__(
-        self, params: dict[str, Any] | str, *, lock_wait: float, wake_fd: int | None
+        self,
+        params: dict[str, Any] | str,
+        *,
+        lock_wait: float,
+        wake_fd: int | None,
+        stale_timeout: float = 30.0,
     ) -> None:
         self.params = params
         self.lock_wait_ms = str(max(1, int(lock_wait * 1000)))
+        self.stale_timeout_ms = str(int(stale_timeout * 1000))
+        self.bounded = False  # server has idle_session_timeout (PostgreSQL 14+)
         self.wake_fd = wake_fd
         self.queries = sql.queries()
         self.conn: psycopg.Connection[Any] | None = None
@@ -70,6 +78,7 @@ class Listener:
             conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
         self.conn = conn
         self.holds_lock = False
+        self.bounded = conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE
 
     def close(self) -> None:
         """Close the connection (the server drops our lock and LISTEN with it)."""
@@ -108,7 +117,13 @@ class Listener:
         try:
             with translated("taking the wake lock"):
                 try:
-                    conn.execute(self.queries["take_wake_lock"])
+                    if self.bounded:
+                        conn.execute(
+                            self.queries["take_wake_lock_bounded"],
+                            {"timeout_ms": self.stale_timeout_ms},
+                        )
+                    else:
+                        conn.execute(self.queries["take_wake_lock"])
                 except pg_errors.LockNotAvailable:
                     row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
                     return LockState.PEER if row and row[0] else LockState.WRITERS
@@ -124,7 +139,9 @@ class Listener:
             return
         conn = self._connection()
         with translated("releasing the wake lock"):
-            conn.execute(self.queries["release_wake_lock"])
+            conn.execute(
+                self.queries["release_wake_lock_bounded" if self.bounded else "release_wake_lock"]
+            )
         self.holds_lock = False
 
     def drain_pending(self) -> int:

@@ -122,6 +122,7 @@ class Relay:
                 self.polling = False
             else:
                 self.polling = True
+                self.listener.close()  # useless for wake-ups, and it would sit idle
                 log.warning(
                     "outbox.listen_unavailable",
                     reason="a notification sent on the LISTEN connection never came back "

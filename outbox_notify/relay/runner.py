@@ -25,7 +25,12 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
     listener = None
     if listen:
         listen_params: dict[str, Any] | str = conf.listen_dsn() or params
-        listener = Listener(listen_params, lock_wait=config.lock_wait, wake_fd=wake_fd)
+        listener = Listener(
+            listen_params,
+            lock_wait=config.lock_wait,
+            wake_fd=wake_fd,
+            stale_timeout=config.stale_timeout,
+        )
     return Relay(
         config,
         store=ClaimStore(params, stale_timeout=config.stale_timeout),

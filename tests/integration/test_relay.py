@@ -85,7 +85,7 @@ def test_notify_wakes_a_relay_long_before_its_sweep(
     start_relay: Any, redis_queue: RedisQueue
 ) -> None:
     """With a 60 s sweep interval, only a NOTIFY can explain a publish within seconds."""
-    relay = start_relay("--sweep-interval", "60")
+    relay = start_relay("--sweep-interval", "60", "--stale-timeout", "120")
     ready(relay)
     time.sleep(0.5)  # let it finish its first sweep and fall asleep holding the wake lock
     [task_id] = enqueue(redis_queue.name)
@@ -134,7 +134,7 @@ def test_retry_due_time_is_honoured_without_polling(
         retries=1, retry_after=dt.datetime.now(dt.UTC) + dt.timedelta(seconds=2)
     )
     started = time.monotonic()
-    relay = start_relay("--sweep-interval", "60")
+    relay = start_relay("--sweep-interval", "60", "--stale-timeout", "120")
     wait_for(
         lambda: task_id in redis_queue.task_ids(),
         timeout=15,

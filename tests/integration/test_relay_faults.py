@@ -61,7 +61,7 @@ def test_terminated_listen_connection_reconnects_and_still_wakes(
     start_relay: Any, redis_queue: RedisQueue
 ) -> None:
     """pg_terminate_backend on the LISTEN connection: the relay reconnects; commits still publish fast."""
-    relay = start_relay("--sweep-interval", "60")
+    relay = start_relay("--sweep-interval", "60", "--stale-timeout", "120")
     ready(relay)
     wait_for(lambda: backends("outbox_notify.listen"), what="the LISTEN connection")
     assert terminate("outbox_notify.listen") == 1
