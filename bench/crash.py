@@ -33,7 +33,8 @@ QUICK_BACKLOG = 3_000
 CAP = 330.0  # seconds; the peer's stale timeout is 300 s
 QUICK_CAP = 20.0
 KILL_AT = 0.2  # share of the backlog drained before the kill
-FREEZE_TRIES = 50
+FREEZE_TRIES = 200
+BATCH_SIZE = 100  # both relays' default --batch-size
 POLL = 0.1  # seconds between checks of the held rows
 REST_TIMEOUT = 180.0  # seconds for the survivor to drain everything else
 
@@ -69,7 +70,14 @@ class Pending:
             world.procs.stop(self.survivor)
         if self.error:
             raise self.error[0]
-        return self.result
+        # Counted once the survivor is gone: a message published twice shows as one extra.
+        published = int(world.broker.client().llen(CRASH.queue(_side(world, self.side))))
+        delivered = self.backlog - self.result["unpublished_at_cap"]
+        return {**self.result, "duplicates": published - delivered}
+
+
+def _side(world: World, key: str) -> Side:
+    return next(s for s in world.sides if s.key == key)
 
 
 def start(world: World, side: Side) -> Pending:
@@ -111,7 +119,8 @@ def kill_one(world: World, side: Side, relays: list[Proc]) -> tuple[list[int], f
         for relay in relays:
             relay.send(signal.SIGSTOP)
         held = _held(world, side)
-        if held and _victim_holds(world, side, victim):
+        # More than one batch held means both relays hold rows, the victim included.
+        if len(held) > BATCH_SIZE and _victim_holds(world, side, victim):
             victim.send(signal.SIGKILL)
             killed_at = time.monotonic()
             survivor.send(signal.SIGCONT)
@@ -166,7 +175,6 @@ def _watch(world: World, side: Side, pending: Pending, survivor: Proc) -> None:
                 break
             time.sleep(POLL)
         seconds = time.monotonic() - pending.killed_at
-        published = int(world.broker.client().llen(CRASH.queue(side)))
         pending.result = {
             "side": side.key,
             "held_at_kill": len(pending.held),
@@ -176,7 +184,6 @@ def _watch(world: World, side: Side, pending: Pending, survivor: Proc) -> None:
             "unpublished_at_cap": left,
             "survivor_alive": survivor.alive(),
             "backlog": pending.backlog,
-            "duplicates": published - pending.backlog,
         }
     except BaseException as exc:  # handed to the main thread by join()
         pending.error.append(exc)

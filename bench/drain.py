@@ -9,6 +9,7 @@ whole process tree when the server is a private one (its reaped backends include
 from __future__ import annotations
 
 import contextlib
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -24,9 +25,10 @@ BACKLOG = 100_000
 QUICK_BACKLOG = 10_000
 RELAY_COUNTS = (1, 2)
 SETTLE = 1.0  # seconds between the relays being up and the commit
-CAP = 120.0  # seconds one drain may take; a slower one reports its rate over the cap
-QUICK_CAP = 25.0
+CAP = 75.0  # seconds one drain may take; a slower one reports its rate over the cap
+QUICK_CAP = 10.0
 LIST_POLL = 0.01  # seconds between LLEN checks
+PROFILE_BACKLOG = 30_000
 PROFILE_RATE = 250  # py-spy samples per second
 
 
@@ -48,7 +50,9 @@ def _cpu(relays: list[Proc], world: World) -> tuple[float, float | None]:
 def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, Any]:
     """Time one backlog through `count` relays of one library."""
     db.reset(world, side)
-    with world.procs.started(lambda: world.start_relays(side, count)) as relays:
+    # SIGKILL at the end: after a capped drain, a graceful stop would first drain the rest
+    # (django-celery-outbox keeps publishing for up to its 30 s shutdown timeout).
+    with world.procs.started(lambda: world.start_relays(side, count), signal.SIGKILL) as relays:
         time.sleep(SETTLE)
         timing = timed_drain(world, side, relays, backlog)
     db.reset(world, side)
@@ -109,10 +113,10 @@ def timed_drain(world: World, side: Side, relays: list[Proc], backlog: int) -> d
 
 def profile(world: World, side: Side, out_dir: Path) -> dict[str, Any]:
     """One extra drain of our relay with py-spy attached: where the relay's time goes."""
-    backlog = QUICK_BACKLOG if world.quick else BACKLOG
+    backlog = QUICK_BACKLOG if world.quick else PROFILE_BACKLOG
     raw = out_dir / "relay-profile.txt"
     db.reset(world, side)
-    with world.procs.started(lambda: world.start_relays(side, 1)) as relays:
+    with world.procs.started(lambda: world.start_relays(side, 1), signal.SIGKILL) as relays:
         time.sleep(SETTLE)
         with py_spy(relays[0], raw):
             timing = timed_drain(world, side, relays, backlog)
@@ -142,7 +146,7 @@ def py_spy(relay: Proc, out: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output and exits
         try:
             spy.wait(30)
         except subprocess.TimeoutExpired:
@@ -161,33 +165,56 @@ def _venv_bin(argv: list[str]) -> list[str]:
     return [found, *argv[1:]]
 
 
-def _frame_name(frame: str) -> str:
-    # "function (path/to/module.py:123)" -> "function (module.py)"
+DRAIN_FRAME = "Relay.drain"  # samples without it on the stack are the relay waiting for work
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """'function (pkg/module.py:123)' -> ('function (module.py)', 'pkg')."""
     name, _, where = frame.partition(" (")
-    module = where.rsplit("/", 1)[-1].split(":", 1)[0]
-    return f"{name} ({module})" if module else name
+    path = where.rstrip(")").split(":", 1)[0]
+    module = path.rsplit("/", 1)[-1]
+    package = path.split("/", 1)[0].removesuffix(".py") if path else "?"
+    return (f"{name} ({module})" if module else name), package
+
+
+def _drain_stacks(raw: Path) -> list[tuple[list[tuple[str, str]], int]]:
+    """(frames below Relay.drain, sample count) for each stack that was draining."""
+    stacks = []
+    for line in raw.read_text().splitlines():
+        stack, _, weight = line.rpartition(" ")
+        frames = stack.split(";")
+        names = [f.split(" (", 1)[0] for f in frames]
+        if not weight.isdigit() or DRAIN_FRAME not in names:
+            continue
+        below = frames[names.index(DRAIN_FRAME) + 1 :]
+        stacks.append(([_frame(f) for f in below] or [(DRAIN_FRAME, "outbox_notify")], int(weight)))
+    return stacks
+
+
+def _shares(counter: Counter[str], samples: int, top: int) -> list[dict[str, Any]]:
+    return [
+        {"name": name, "percent": round(100 * n / samples, 1)}
+        for name, n in counter.most_common(top)
+    ]
 
 
 def summarise_profile(raw: Path, top: int = 15) -> dict[str, Any]:
-    """Shares of samples: by leaf function (self) and by any function on the stack (total)."""
+    """Shares of the draining samples: by leaf function, by function on the stack, by package."""
     own: Counter[str] = Counter()
     total: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
     samples = 0
-    for line in raw.read_text().splitlines():
-        stack, _, weight = line.rpartition(" ")
-        if not stack or not weight.isdigit():
-            continue
-        frames = [_frame_name(f) for f in stack.split(";") if not f.startswith("process ")]
-        if not frames:
-            continue
-        count = int(weight)
+    for frames, count in _drain_stacks(raw):
         samples += count
-        own[frames[-1]] += count
-        for name in set(frames):
+        own[frames[-1][0]] += count
+        packages[frames[-1][1]] += count
+        for name in {name for name, _ in frames}:
             total[name] += count
-    share = (lambda n: round(100 * n / samples, 1)) if samples else (lambda n: 0.0)
+    if not samples:
+        raise BenchError("py-spy recorded no sample of the relay draining")
     return {
         "samples": samples,
-        "self": [{"function": f, "percent": share(n)} for f, n in own.most_common(top)],
-        "total": [{"function": f, "percent": share(n)} for f, n in total.most_common(top)],
+        "self": _shares(own, samples, top),
+        "total": _shares(total, samples, top),
+        "packages": _shares(packages, samples, top),
     }

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from bench import db
+from bench.procs import Proc
 from bench.services import stat_statements_ready
 from bench.sides import MAIN, World
 
@@ -28,14 +29,21 @@ def run(world: World) -> dict[str, Any]:
     statements = stat_statements_ready(world.pg)
     for side in world.sides:
         db.reset(world, side)
-    starters = [lambda s=side: world.start_relays(s, 1)[0] for side in world.sides]
-    with world.procs.started(lambda: [start() for start in starters]) as relays:
+    with world.procs.started(lambda: _start_all(world)) as relays:
         time.sleep(QUICK_WARMUP if world.quick else WARMUP)
         before = _snapshot(world, relays, statements)
         time.sleep(window)
         after = _snapshot(world, relays, statements)
     rows = [_row(side.key, before[side.key], after[side.key], window) for side in world.sides]
     return {"window_s": window, "pg_stat_statements": statements, "rows": rows}
+
+
+def _start_all(world: World) -> list[Proc]:
+    """One relay per library, started together, each waited for."""
+    relays = [world.start_relay(side) for side in world.sides]
+    for side, relay in zip(world.sides, relays, strict=True):
+        relay.wait_for_output(side.ready_marker)
+    return relays
 
 
 def _snapshot(world: World, relays: list[Any], statements: bool) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,12 @@ from typing import Any
 import matplotlib.pyplot as plt
 
 COLOURS = {"ours": "#1f77b4", "peer": "#d62728"}
+WRITER_COLOURS = {
+    "ours-no-trigger": "#9ecae1",
+    "ours-trigger": "#6baed6",
+    "ours": "#1f77b4",
+    "peer": "#d62728",
+}
 DPI = 110
 
 
@@ -23,10 +29,12 @@ def latency_cdf(result: dict[str, Any], sides: dict[str, str], out: Path) -> Non
             if not row or not row.get("cdf_ms"):
                 continue
             points = row["cdf_ms"]
-            share = [(i + 1) / len(points) for i in range(len(points))]
-            ax.step(
-                [max(p, 0.01) for p in points], share, where="post", label=label, color=COLOURS[key]
-            )
+            shown = [
+                (max(p, 0.01), (i + 1) / len(points)) for i, p in enumerate(points) if p is not None
+            ]
+            if shown:
+                xs, ys = zip(*shown, strict=True)
+                ax.step(xs, ys, where="post", label=label, color=COLOURS[key])
         ax.set_xscale("log")
         ax.set_title(f"{rate:,} messages/s")
         ax.set_xlabel("commit → broker (ms, log)")
@@ -39,50 +47,74 @@ def latency_cdf(result: dict[str, Any], sides: dict[str, str], out: Path) -> Non
 
 
 def _bars(
-    ax: Any, groups: list[str], values: dict[str, list[float]], sides: dict[str, str], title: str
+    ax: Any, groups: list[str], series: list[tuple[str, str, list[float]]], title: str
 ) -> None:
-    width = 0.8 / max(1, len(values))
-    for index, (key, heights) in enumerate(values.items()):
+    """Grouped bars; series are (label, colour, one height per group)."""
+    width = 0.8 / max(1, len(series))
+    for index, (label, colour, heights) in enumerate(series):
         xs = [g + index * width for g in range(len(groups))]
-        bars = ax.bar(xs, heights, width, label=sides[key], color=COLOURS[key])
+        bars = ax.bar(xs, heights, width, label=label, color=colour)
         ax.bar_label(bars, labels=[f"{h:,.0f}" for h in heights], fontsize=7)
-    ax.set_xticks([g + width * (len(values) - 1) / 2 for g in range(len(groups))], groups)
+    ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))], groups)
     ax.set_title(title, fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def _value(rows: list[dict[str, Any]], field: str, **match: Any) -> float:
+    found = [r[field] for r in rows if all(r.get(k) == v for k, v in match.items())]
+    return float(found[0]) if found else 0.0
+
+
+def _drain_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
+    rows = result["rows"]
+    series = [
+        (label, COLOURS[k], [_value(rows, "per_s", side=k, relays=n) for n in (1, 2)])
+        for k, label in sides.items()
+    ]
+    return ["1 relay", "2 relays"], series, "drain: messages/s"
+
+
+def _writers_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
+    rows = result["rows"]
+    configs = dict.fromkeys((r["config"], r["label"]) for r in rows)
+    series = [
+        (
+            label,
+            WRITER_COLOURS.get(key, "grey"),
+            [_value(rows, "tps", config=key, writers=w) for w in result["writers"]],
+        )
+        for key, label in configs
+    ]
+    return [f"{w} writers" for w in result["writers"]], series, "writers: transactions/s"
+
+
+def _enqueue_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
+    rows = result["rows"]
+    series = [
+        (
+            label,
+            COLOURS[k],
+            [_value(rows, "rows_per_s", side=k, per_transaction=n) for n in (1, 100)],
+        )
+        for k, label in sides.items()
+    ]
+    return ["1 per transaction", "100 per transaction"], series, "enqueue: rows/s"
+
+
+PANELS = (("drain", _drain_panel), ("writers", _writers_panel), ("enqueue", _enqueue_panel))
 
 
 def throughput(scenarios: dict[str, Any], sides: dict[str, str], out: Path) -> None:
     """Bars: drain messages/s, writer transactions/s, enqueue rows/s (whichever ran)."""
-    panels = []
-    if scenarios.get("drain", {}).get("status") == "ok":
-        rows = scenarios["drain"]["result"]["rows"]
-        groups = ["1 relay", "2 relays"]
-        values = {
-            k: [
-                next((r["per_s"] for r in rows if r["side"] == k and r["relays"] == n), 0.0)
-                for n in (1, 2)
-            ]
-            for k in sides
-        }
-        panels.append((groups, values, "drain: messages/s"))
-    if scenarios.get("enqueue", {}).get("status") == "ok":
-        rows = scenarios["enqueue"]["result"]["rows"]
-        groups = ["1 per transaction", "100 per transaction"]
-        values = {
-            k: [
-                next(
-                    (r["rows_per_s"] for r in rows if r["side"] == k and r["per_transaction"] == n),
-                    0.0,
-                )
-                for n in (1, 100)
-            ]
-            for k in sides
-        }
-        panels.append((groups, values, "enqueue: rows/s"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
-    for ax, (groups, values, title) in zip(axes[0], panels, strict=True):
-        _bars(ax, groups, values, sides, title)
-    axes[0][0].legend(fontsize=8)
+    panels = [
+        make(scenarios[key]["result"], sides)
+        for key, make in PANELS
+        if scenarios.get(key, {}).get("status") == "ok"
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (groups, series, title) in zip(axes[0], panels, strict=True):
+        _bars(ax, groups, series, title)
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
     plt.close(fig)

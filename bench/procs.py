@@ -164,15 +164,17 @@ class Processes:
                 self.stop(proc)
 
     @contextlib.contextmanager
-    def started(self, procs: Callable[[], list[Proc]]) -> Iterator[list[Proc]]:
-        """Processes for the length of a block, stopped when it ends."""
+    def started(
+        self, procs: Callable[[], list[Proc]], signum: int = signal.SIGTERM
+    ) -> Iterator[list[Proc]]:
+        """Processes for the length of a block, stopped (with `signum`) when it ends."""
         started: list[Proc] = []
         try:
             started = procs()
             yield started
         finally:
             for proc in started:
-                self.stop(proc)
+                self.stop(proc, signum)
 
 
 def wait_until(

@@ -18,21 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from bench import services
-from bench.procs import BenchError, Processes
+from bench.procs import BenchError, Proc, Processes
 from bench.sides import (
     CRASH,
     MAIN,
     OURS,
     PEER,
-    Side,
-    Slot,
     World,
     template_from_output,
     with_template,
 )
 from bench.venv import ROOT
 
-MIGRATE_TIMEOUT = 120  # seconds
+SETUP_TIMEOUT = 120  # seconds
 PACKAGES = (
     "outbox-notify",
     "django-celery-outbox",
@@ -57,46 +55,45 @@ def world(work_dir: Path, *, peer: bool, quick: bool) -> Iterator[World]:
         stack.callback(procs.stop_all)  # runs first: nothing may outlive the databases
         bare = World(pg=pg, broker=broker, procs=procs, sides=sides, work_dir=work_dir, quick=quick)
         migrate(bare)
+        rows = templates(bare)
         ready = World(
             pg=pg,
             broker=broker,
             procs=procs,
             work_dir=work_dir,
             quick=quick,
-            sides=tuple(with_template(s, template(bare, s)) for s in sides),
+            sides=tuple(with_template(s, row) for s, row in zip(sides, rows, strict=True)),
         )
         for side in sides:
             services.clone_database(pg, MAIN.database(side), CRASH.database(side))
         yield ready
 
 
-def _manage(bare: World, name: str, args: list[str], slot: Slot = MAIN) -> str:
-    proc = bare.procs.start(name, [sys.executable, "-m", "django", *args], bare.env(slot))
-    try:
-        status = proc.popen.wait(MIGRATE_TIMEOUT)
-    finally:
-        bare.procs.stop(proc)
-    if status != 0:
-        raise BenchError(f"`manage.py {' '.join(args)}` failed ({status}):\n{proc.tail()}")
-    return proc.output()
+def _finish(bare: World, procs: list[Proc], what: str) -> list[str]:
+    """Wait for processes started together; their outputs. BenchError if one failed."""
+    outputs = []
+    for proc in procs:
+        try:
+            status = proc.popen.wait(SETUP_TIMEOUT)
+        finally:
+            bare.procs.stop(proc)
+        if status != 0:
+            raise BenchError(f"{what} failed in {proc.name} ({status}):\n{proc.tail()}")
+        outputs.append(proc.output())
+    return outputs
 
 
 def migrate(bare: World) -> None:
-    """Each library's migrations, each into its own database."""
-    for side in bare.sides:
-        _manage(bare, f"migrate-{side.key}", ["migrate", "--database", side.alias, "-v", "0"])
+    """Each library's migrations, each into its own database, both at once."""
+    argv = [sys.executable, "-m", "django", "migrate", "-v", "0", "--database"]
+    procs = [bare.procs.start(f"migrate-{s.key}", [*argv, s.alias], bare.env()) for s in bare.sides]
+    _finish(bare, procs, "migrate")
 
 
-def template(bare: World, side: Side) -> dict[str, Any]:
-    """One row written by the library's own write side (then deleted)."""
-    proc = bare.worker(f"template-{side.key}", ["template", "--side", side.key])
-    try:
-        status = proc.popen.wait(MIGRATE_TIMEOUT)
-    finally:
-        bare.procs.stop(proc)
-    if status != 0:
-        raise BenchError(f"writing a template row for {side.label} failed:\n{proc.tail()}")
-    return template_from_output(proc.output())
+def templates(bare: World) -> list[dict[str, Any]]:
+    """One row per library written by its own write side (then deleted), both at once."""
+    procs = [bare.worker(f"template-{s.key}", ["template", "--side", s.key]) for s in bare.sides]
+    return [template_from_output(out) for out in _finish(bare, procs, "writing a template row")]
 
 
 def _meminfo() -> str:

@@ -16,6 +16,11 @@ def ms(value: float | None) -> str:
     return f"{value:.1f} ms" if value >= 10 else f"{value:.2f} ms"
 
 
+def late(value: float | None) -> str:
+    """A latency percentile; None means it fell on a message that was never delivered."""
+    return "not delivered" if value is None else ms(value)
+
+
 def num(value: float | None, digits: int = 0) -> str:
     return "n/a" if value is None else f"{value:,.{digits}f}"
 
@@ -56,10 +61,10 @@ def latency(result: dict[str, Any], sides: Sides) -> str:
                     num(r.get("achieved_rate")),
                     f"{r.get('messages', 0):,}",
                     str(r.get("missing", "?")),
-                    ms(r.get("p50_ms")),
-                    ms(r.get("p90_ms")),
-                    ms(r.get("p99_ms")),
-                    ms(r.get("max_ms")),
+                    late(r.get("p50_ms")),
+                    late(r.get("p90_ms")),
+                    late(r.get("p99_ms")),
+                    late(r.get("max_ms")),
                 ]
             )
         ours, peer = (_by(result["rows"], side=k, rate=rate) or {} for k in ("ours", "peer"))
@@ -258,19 +263,21 @@ def ceiling(result: dict[str, Any], sides: Sides) -> str:
 def profile(result: dict[str, Any], sides: Sides) -> str:
     timing = result["drain_under_profiler"]
     head = (
-        f"{result['samples']:,} samples (py-spy, idle included) while one relay drained "
-        f"{timing['backlog']:,} messages at {timing['per_s']:,.0f}/s under the profiler.\n\n"
+        f"{result['samples']:,} py-spy samples taken while one relay drained (waits on the "
+        f"database and Redis included) {timing['backlog']:,} messages at "
+        f"{timing['per_s']:,.0f}/s under the profiler. Shares are of those samples.\n\n"
     )
+    pairs = zip(result["self"], result["total"], strict=False)
     rows = [
-        [
-            own["function"] if own else "",
-            f"{own['percent']}%" if own else "",
-            tot["function"] if tot else "",
-            f"{tot['percent']}%" if tot else "",
-        ]
-        for own, tot in zip(result["self"], result["total"], strict=False)
+        [own["name"], f"{own['percent']}%", tot["name"], f"{tot['percent']}%"] for own, tot in pairs
     ]
-    return head + table(["self (leaf) function", "share", "on the stack (total)", "share"], rows)
+    packages = [[p["name"], f"{p['percent']}%"] for p in result["packages"]]
+    return (
+        head
+        + table(["leaf function (self)", "share", "function on the stack (total)", "share"], rows)
+        + "\nBy package of the leaf function:\n\n"
+        + table(["package", "share"], packages)
+    )
 
 
 # --- fixed text -------------------------------------------------------------------------
