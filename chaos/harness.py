@@ -27,7 +27,8 @@ PROBE_TIMEOUT = 20.0  # seconds for one relay alone to get the probe messages ex
 HEAL_INTERVAL = 0.5  # seconds between checks for relays that exited on their own
 # Scenarios whose faults open a documented duplicate window (docs/reliability.md).
 DUPLICATE_WINDOWS = {
-    "kill", "terminate_listen", "terminate_claim", "pg_restart", "broker_stop", "freeze", "mixed",
+    "kill", "terminate_listen", "terminate_claim", "pg_restart", "broker_stop", "broker_freeze",
+    "broker_oom", "freeze", "mixed",
 }  # fmt: skip
 LOG_EVENTS = (
     "outbox.database_unavailable",
@@ -318,6 +319,10 @@ class Harness:
             )
         )
         result["relay_kills"] = relays.kills
+        result["relay_start_refusals"] = [
+            {"relay": c.relay, "message": c.log_tail.strip().splitlines()[-1][:300]}
+            for c in relays.start_refusals
+        ]
         result["relay_crashes"] = [
             {"relay": c.relay, "returncode": c.returncode, "log_tail": c.log_tail}
             for c in relays.crashes

@@ -120,6 +120,7 @@ class RelayGroup:
         self.relays = [_relay(f"relay-{chr(ord('a') + i)}", env, log_dir) for i in range(count)]
         self.lock = threading.Lock()
         self.crashes: list[Crash] = []
+        self.start_refusals: list[Crash] = []
         self.kills = 0
 
     def start(self) -> None:
@@ -159,6 +160,13 @@ class RelayGroup:
         """SIGTERM every relay; return each exit code (0 expected: they drain and exit)."""
         with self.lock:
             return {relay.name: relay.stop() for relay in self.relays}
+
+
+def _refused_to_start(log_tail: str) -> bool:
+    lines = log_tail.rsplit("=== chaos: start", maxsplit=1)[-1].strip().splitlines()
+    return any(
+        line.startswith("CommandError: ") and "cannot be reached" in line for line in lines[-3:]
+    )
 
 
 def _relay(name: str, env: dict[str, str], log_dir: Path) -> Process:
