@@ -124,7 +124,7 @@ def statsd() -> dict[str, Any] | None:
     if not host:
         return None
     tags = _get("STATSD_TAGS") or ()
-    if isinstance(tags, str) or not all(isinstance(t, str) for t in tags):
+    if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
         raise ConfigurationError(
             "OUTBOX_NOTIFY_STATSD_TAGS must be a list or tuple of 'key:value' strings"
         )

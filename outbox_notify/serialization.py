@@ -68,7 +68,9 @@ class PublishSpec:
 def dumps(value: Any, what: str) -> str:
     """Encode `value` with kombu's JSON encoder, raising SerializationError when it cannot."""
     try:
-        return kombu_json.dumps(value)
+        # allow_nan=False: NaN and Infinity are not JSON, and PostgreSQL's json type would
+        # reject them at INSERT, aborting the caller's transaction instead of failing the call.
+        return kombu_json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, OverflowError) as exc:
         raise SerializationError(
             f"{what} cannot be stored in the outbox as JSON: {exc}. Pass JSON-serializable "

@@ -46,12 +46,18 @@ def check_reachable(relay: Relay) -> None:
         relay.ensure_connected()
     except DatabaseUnavailable as exc:
         relay.disconnect()
-        raise OutboxNotifyError(f"PostgreSQL cannot be reached: {exc}") from exc
+        raise OutboxNotifyError(f"PostgreSQL cannot be reached: {_one_line(exc)}") from exc
     try:
         relay.publisher.check()
     except BrokerUnavailable as exc:
         relay.disconnect()
-        raise OutboxNotifyError(f"the broker cannot be reached: {exc}") from exc
+        raise OutboxNotifyError(f"the broker cannot be reached: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: Exception) -> str:
+    # libpq's messages span lines ("Is the server running on that host...?"); a start-up
+    # failure should read as one line in a terminal or a log collector.
+    return " ".join(str(exc).split())
 
 
 @contextlib.contextmanager

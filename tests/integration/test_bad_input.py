@@ -82,12 +82,6 @@ def test_non_json_argument_raises_at_the_call_and_the_transaction_goes_on(
     _assert_rows_and_usable(value, as_kwarg=as_kwarg)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kombu encodes NaN/Infinity, PostgreSQL's json type rejects the INSERT: the call "
-    "raises django.db.DataError (not SerializationError) and the caller's transaction is "
-    "aborted",
-)
 @pytest.mark.parametrize(("label", "value"), NOT_STORABLE, ids=[n for n, _ in NOT_STORABLE])
 def test_values_postgresql_json_rejects_raise_serialization_error(label: str, value: Any) -> None:
     """NaN and Infinity are not JSON either: SerializationError, and the transaction goes on."""
@@ -199,10 +193,6 @@ def test_invalid_setting_is_a_system_check_error_naming_it(
     assert any(setting in error.msg for error in errors), [e.msg for e in errors]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="conf.validate_all() reports every statsd() failure under OUTBOX_NOTIFY_STATSD_PORT",
-)
 def test_invalid_statsd_tags_name_the_tags_setting() -> None:
     """A non-iterable OUTBOX_NOTIFY_STATSD_TAGS is an error that names STATSD_TAGS."""
     overrides = {"OUTBOX_NOTIFY_STATSD_HOST": "127.0.0.1", "OUTBOX_NOTIFY_STATSD_TAGS": 5}
@@ -264,12 +254,6 @@ def test_unreachable_database_at_start_exits_non_zero_without_traceback(
     assert "secret-pw" not in result.stdout + result.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="libpq's message is kept whole: 'CommandError: PostgreSQL cannot be reached: ... "
-    "Connection refused' is followed by a second line '\\tIs the server running on that host "
-    "and accepting TCP/IP connections?'",
-)
 def test_unreachable_database_at_start_is_one_line(relay_env: dict[str, Any]) -> None:
     """The message for a closed database port is a single line."""
     result = _relay_once(_closed_database_env(relay_env))
