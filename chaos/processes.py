@@ -136,20 +136,24 @@ class RelayGroup:
             relay.start()
 
     def heal(self) -> None:
-        """Record and restart every relay that exited without being told to."""
+        """Record and restart every relay that exited without being told to.
+
+        A relay started while PostgreSQL or the broker is down exits at once with a
+        CommandError (documented: it refuses to start); that is a start refusal, restarted
+        as a process supervisor would, not a crash.
+        """
         with self.lock:
             for relay in self.relays:
                 code = relay.returncode()
-                if relay.proc is not None and code is not None:
-                    self.crashes.append(
-                        Crash(
-                            relay=relay.name,
-                            returncode=code,
-                            at=time.time(),
-                            log_tail=relay.log_tail(),
-                        )
-                    )
-                    relay.start()
+                if relay.proc is None or code is None:
+                    continue
+                tail = relay.log_tail()
+                record = Crash(relay=relay.name, returncode=code, at=time.time(), log_tail=tail)
+                if _refused_to_start(tail):
+                    self.start_refusals.append(record)
+                else:
+                    self.crashes.append(record)
+                relay.start()
 
     def thaw_all(self) -> None:
         for relay in self.relays:
