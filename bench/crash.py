@@ -2,7 +2,7 @@
 
 Both relays start on an empty table in their own databases (the crash slot, so a long wait
 can overlap other scenarios without touching their tables); the backlog is committed; once
-a fifth of it is gone both relays are frozen with SIGSTOP, the rows held at that instant are
+a tenth of it is gone both relays are frozen with SIGSTOP, the rows held at that instant are
 read, the victim gets SIGKILL and the survivor SIGCONT. The figure is the time from the kill
 until every one of those rows is published (a relay deletes a row only after the broker has
 it), capped. The rest of the backlog is drained first, so the wait overlaps nothing heavy.
@@ -28,11 +28,11 @@ from bench.procs import BenchError, Proc, socket_ports, wait_until
 from bench.services import connect
 from bench.sides import CRASH, Side, World
 
-BACKLOG = 10_000
+BACKLOG = 6_000
 QUICK_BACKLOG = 3_000
 CAP = 330.0  # seconds; the peer's stale timeout is 300 s
 QUICK_CAP = 20.0
-KILL_AT = 0.2  # share of the backlog drained before the kill
+KILL_AT = 0.1  # share of the backlog drained before the kill
 FREEZE_TRIES = 200
 BATCH_SIZE = 100  # both relays' default --batch-size
 POLL = 0.1  # seconds between checks of the held rows

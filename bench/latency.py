@@ -30,8 +30,8 @@ WARMUP = 1.0  # seconds between a relay being up and the first message
 SETTLE = 0.3  # seconds between rates
 # Seconds a relay that fell behind may take to catch up once the producer stops; what it has
 # not published by then counts as not delivered (an infinite latency in the percentiles).
-CATCH_UP = 20.0
-LAST_CATCH_UP = 10.0  # after the last rate the relay is stopped and the table emptied
+CATCH_UP = 8.0
+LAST_CATCH_UP = 5.0  # after the last rate the relay is stopped and the table emptied
 QUICK_CATCH_UP = 8.0
 QUICK_LAST_CATCH_UP = 5.0
 CDF_POINTS = 200

@@ -60,6 +60,7 @@ def ceiling(world: World) -> dict[str, Any]:
     result = _worker_json(
         world, "ceiling", ["ceiling", "--count", str(count), "--template", str(template)]
     )
-    if result["ours"]["not_published"] or result["ours_in_redis"] != count:
-        raise BenchError(f"our publish path lost messages: {result}")
+    for name, path in result["ours"].items():
+        if path["not_published"] or path["in_redis"] != count:
+            raise BenchError(f"our publish path {name} lost messages: {path}")
     return result

@@ -20,7 +20,7 @@ STAMP = VENV / ".bench-installed"
 PEER_REQUIREMENT = "django-celery-outbox==0.4.3"
 REQUIREMENTS = (
     "-e",
-    f"{ROOT}[binary,redis]",
+    f"{ROOT}[binary,redis,fast]",  # fast: orjson, as a production install would use
     "pytest-postgresql>=6",  # devtools.pgserver starts the private PostgreSQL with it
     PEER_REQUIREMENT,
     "matplotlib>=3.7",

@@ -251,12 +251,24 @@ def _timed(step: Callable[[], Any]) -> tuple[Any, float]:
     return result, time.perf_counter() - started
 
 
-def _our_publish_path(row: dict[str, Any], count: int) -> dict[str, Any]:
+def _publishers() -> dict[str, Any]:
+    """KombuPublisher alone, and the publisher the relay really uses (as runner builds it)."""
     from bench.project.celery_apps import ours_app
-    from outbox_notify.relay import messages
-    from outbox_notify.relay.publisher import KombuPublisher, Result
+    from outbox_notify.relay.config import RelayConfig
+    from outbox_notify.relay.publisher import KombuPublisher
+    from outbox_notify.relay.runner import build_relay
 
-    publisher = KombuPublisher(ours_app, send_timeout=10.0)
+    found: dict[str, Any] = {"KombuPublisher": KombuPublisher(ours_app, send_timeout=10.0)}
+    relay_publisher = build_relay(RelayConfig(), listen=False, wake_fd=None).publisher
+    if not isinstance(relay_publisher, KombuPublisher):
+        found[type(relay_publisher).__name__] = relay_publisher
+    return found
+
+
+def _our_publish_path(row: dict[str, Any], count: int, publisher: Any) -> dict[str, Any]:
+    from outbox_notify.relay import messages
+    from outbox_notify.relay.publisher import Result
+
     publisher.check()
     batches = _batches(_claimed_rows(row, count), PUBLISH_BATCH)
     now = dt.datetime.now(dt.UTC)
@@ -281,10 +293,13 @@ def ceiling(args: argparse.Namespace) -> None:
     client.delete(settings.OURS_QUEUE)
     plain = _plain_send_task(args.count)
     client.delete(settings.OURS_QUEUE)
-    ours = _our_publish_path(json.loads(Path(args.template).read_text()), args.count)
-    published = client.llen(settings.OURS_QUEUE)
-    client.delete(settings.OURS_QUEUE)
-    print(json.dumps({"plain_send_task": plain, "ours": ours, "ours_in_redis": published}))
+    row = json.loads(Path(args.template).read_text())
+    paths = {}
+    for name, publisher in _publishers().items():
+        paths[name] = _our_publish_path(row, args.count, publisher)
+        paths[name]["in_redis"] = client.llen(settings.OURS_QUEUE)
+        client.delete(settings.OURS_QUEUE)
+    print(json.dumps({"plain_send_task": plain, "ours": paths}))
 
 
 # --- command line -----------------------------------------------------------------------
