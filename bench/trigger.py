@@ -144,6 +144,9 @@ CONFIGS = (
     Config(key="c", label="our trigger, relay asleep all run", trigger="ours", relay="asleep"),
     Config(key="d", label="our trigger, relay cycling", trigger="ours", relay="cycling"),
     Config(key="e", label="naive always-NOTIFY trigger", trigger="naive", relay="none"),
+    # The relay's own work (claims, deletes, with --relay-cmd publishing) competes with the
+    # writers for the same CPUs; (d) / (f) isolates what the trigger itself costs them.
+    Config(key="f", label="no trigger, relay cycling", trigger="none", relay="cycling"),
 )
 
 
@@ -545,7 +548,16 @@ def table(summaries: list[Summary]) -> str:
     for config in CONFIGS:
         cells = [_cell(s) for s in summaries if s.config == config.key]
         lines.append(f"| ({config.key}) {config.label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("trigger cost with the relay running, (d) / (f): " + _d_over_f(summaries))
     return "\n".join(lines)
+
+
+def _d_over_f(summaries: list[Summary]) -> str:
+    tps = {(s.config, s.writers): s.median_tps for s in summaries}
+    return ", ".join(
+        f"{tps['d', w] / tps['f', w]:.2f} at {w} writer{'s' * (w > 1)}" for w in WRITER_COUNTS
+    )
 
 
 def _title(settings: dict[str, Any]) -> str:
