@@ -192,7 +192,7 @@ class Harness:
     def _wait_relays_ready(self, relays: RelayGroup) -> None:
         for relay in relays.relays:
             _wait(
-                lambda r=relay: "outbox.database_connected" in r.log_tail(),  # type: ignore[misc]
+                lambda r=relay: "outbox.database_connected" in r.log_tail(),
                 READY_TIMEOUT,
                 f"{relay.name} to connect",
             )

@@ -108,7 +108,7 @@ class LoadGenerator:
         committing = False
         try:
             with transaction.atomic():
-                Order.objects.create(task_id=task_id, scenario=self.scenario)
+                Order._default_manager.create(task_id=task_id, scenario=self.scenario)
                 record.apply_async(
                     (self.scenario, self._next_seq()), task_id=task_id, queue=self.queue
                 )

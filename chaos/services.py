@@ -15,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -46,7 +47,7 @@ class PrivatePostgres:
             f"{self.server.port}/{DATABASE}"
         )
 
-    def admin(self) -> psycopg.Connection[tuple[object, ...]]:
+    def admin(self) -> psycopg.Connection[tuple[Any, ...]]:
         """A fresh autocommit superuser connection to the chaos database."""
         return psycopg.connect(self.server.url(DATABASE), autocommit=True, connect_timeout=5)
 
