@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import tables
+from bench import headline, tables
 
 SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, str]], str]], ...] = (
     ("latency", "Latency: commit to broker", tables.latency),
@@ -42,7 +42,7 @@ def write_docs(report: dict[str, Any], docs: Path, images: Path) -> None:
     """docs/benchmarks.md and its plots."""
     images.mkdir(parents=True, exist_ok=True)
     made = plots(report, images)
-    parts = [tables.preamble(report), tables.machine(report)]
+    parts = [tables.preamble(report), headline.summary(report), tables.machine(report)]
     for key, title, render in SECTIONS:
         section = _section(report, key, title, render, "##")
         if not section:

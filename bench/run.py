@@ -67,6 +67,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="py-spy our relay during an extra drain (default: on in full mode with the peer)",
     )
     parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="only write the docs again from a saved report"
+    )
+    parser.add_argument(
         "--work-dir", type=Path, help="keep the logs here instead of a temporary folder"
     )
     args = parser.parse_args(argv)
@@ -88,13 +91,14 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(raw)
-    if args.peer and not venv.inside():
+    if (args.peer or args.render) and not venv.inside():
         venv.reexec(raw)  # does not return
+    if args.render:
+        return render(args.render)
     # SIGTERM unwinds like Ctrl-C, so every finally block stops what it started.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    command = shlex.join(["python", "-m", "bench.run", *raw])
     started = time.monotonic()
-    report = benchmark(args, command)
+    report = benchmark(args, shown_command(raw))
     report["runtime_s"] = round(time.monotonic() - started, 1)
     write_json(args.out, report)
     from bench import report as reporting
@@ -105,6 +109,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench: wrote {DOCS.relative_to(venv.ROOT)}", file=sys.stderr)
     print(f"bench: wrote {args.out} in {report['runtime_s']:.0f} s", file=sys.stderr)
     return 1 if failed(report) else 0
+
+
+def shown_command(raw: list[str]) -> str:
+    """The command line for the report, without the flags that only say where files go."""
+    shown, skip = [], False
+    for arg in raw:
+        if skip:
+            skip = False
+        elif arg in ("--out", "--work-dir"):
+            skip = True
+        elif not arg.startswith(("--out=", "--work-dir=")):
+            shown.append(arg)
+    return shlex.join(["python", "-m", "bench.run", *shown])
+
+
+def render(path: Path) -> int:
+    """Write docs/benchmarks.md and its plots again from a saved report."""
+    from bench import report as reporting
+
+    report = json.loads(path.read_text(encoding="utf-8"))
+    reporting.write_docs(report, DOCS, IMAGES)
+    print(f"bench: wrote {DOCS.relative_to(venv.ROOT)} from {path}", file=sys.stderr)
+    return 0
 
 
 def failed(report: dict[str, Any]) -> list[str]:

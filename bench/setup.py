@@ -39,6 +39,7 @@ PACKAGES = (
     "Django",
     "psycopg",
     "redis",
+    "orjson",
 )
 
 

@@ -30,6 +30,8 @@ def ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or b == 0:
         return "n/a"
     value = a / b
+    if value >= 100:
+        return f"{value:,.0f}x"
     return f"{value:.1f}x" if value >= 10 else f"{value:.2f}x"
 
 
@@ -266,7 +268,7 @@ def profile(result: dict[str, Any], sides: Sides) -> str:
     rows = [
         [own["name"], f"{own['percent']}%", tot["name"], f"{tot['percent']}%"] for own, tot in pairs
     ]
-    packages = [[p["name"], f"{p['percent']}%"] for p in result["packages"]]
+    packages = [[p["name"], f"{p['percent']}%"] for p in result["packages"] if p["percent"] >= 0.5]
     return (
         head
         + table(["leaf function (self)", "share", "function on the stack (total)", "share"], rows)
