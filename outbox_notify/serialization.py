@@ -120,6 +120,10 @@ def build_row(
         )
     args, kwargs, embed = body
     headers = dict(publish_kwargs.get("headers") or {})
+    for what in ("id", "task"):
+        if "\x00" in str(headers.get(what, "")):
+            # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
+            raise SerializationError(f"the task {what} contains a NUL character")
     properties = {
         key: value
         for key, value in publish_kwargs.items()

@@ -77,6 +77,7 @@ class OutcomePolicy:
             dead=dead,
             outages=outages,
             skipped=skipped,
+            outage_error=outage_error,
         )
 
     def _effective(self, row: ClaimedRow, attempt: Attempt) -> Result:

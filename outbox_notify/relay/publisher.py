@@ -70,6 +70,38 @@ def _transport_options(driver: str, timeout: float) -> dict[str, Any]:
     return {}
 
 
+# Error replies with which a broker refuses every write, not this message: out of memory,
+# a failed snapshot (MISCONF), a replica or demoted primary (READONLY), too few replicas,
+# still loading, cluster down. Matched by the reply's first word so no client is imported.
+_REFUSING_MESSAGES = (
+    "command not allowed when used memory",
+    "MISCONF",
+    "READONLY",
+    "You can't write against a read only",
+    "NOREPLICAS",
+    "Redis is loading",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "TRYAGAIN",
+)
+
+
+def broker_refuses_writes(exc: BaseException) -> bool:
+    """Whether an error reply means the broker refuses all writes (an outage, not this message)."""
+    name = type(exc).__name__
+    if name in (
+        "OutOfMemoryError",
+        "ReadOnlyError",
+        "BusyLoadingError",
+        "MasterDownError",
+        "ClusterDownError",
+        "TryAgainError",
+    ):
+        return True
+    text = str(exc)
+    return any(text.startswith(marker) or marker in text[:80] for marker in _REFUSING_MESSAGES)
+
+
 def error_text(exc: BaseException) -> str:
     """An exception as one line of text for logs and last_error."""
     return f"{type(exc).__name__}: {exc}"[:2000]
@@ -187,6 +219,8 @@ class KombuPublisher:
             self.close()
             return Attempt(Result.OUTAGE, error_text(exc), blamed=True)
         except Exception as exc:
+            if broker_refuses_writes(exc):
+                return Attempt(Result.OUTAGE, error_text(exc))
             self._revive_channel()
             return Attempt(Result.FAILED, error_text(exc))
         return Attempt(Result.PUBLISHED)
@@ -233,5 +267,7 @@ class KombuPublisher:
         except self.outage_errors:
             raise
         except Exception as exc:
+            if broker_refuses_writes(exc):
+                return Attempt(Result.OUTAGE, error_text(exc))
             return Attempt(Result.FAILED, error_text(exc))
         return Attempt(Result.PUBLISHED)

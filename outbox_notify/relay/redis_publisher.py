@@ -20,7 +20,13 @@ from kombu.utils.json import dumps
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay import fastjson
 from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
-from outbox_notify.relay.publisher import Attempt, KombuPublisher, Result, error_text
+from outbox_notify.relay.publisher import (
+    Attempt,
+    KombuPublisher,
+    Result,
+    broker_refuses_writes,
+    error_text,
+)
 
 # Queue arguments that make kombu's Redis transport do more than one LPUSH per message.
 _SPECIAL_QUEUE_ARGS = ("expires", "message_ttl", "max_length", "max_length_bytes")
@@ -115,7 +121,7 @@ class RedisPipelinePublisher:
                 self.fallback.close()
                 return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
             except Exception as exc:
-                keys.append(Attempt(Result.FAILED, error_text(exc)))
+                keys.append(_error_attempt(exc))
                 continue
             payloads.setdefault(key, []).append(payload)
             keys.append(key)
@@ -139,7 +145,13 @@ class RedisPipelinePublisher:
         return {key: _reply_attempt(reply) for key, reply in zip(payloads, results, strict=True)}
 
 
+def _error_attempt(exc: BaseException) -> Attempt:
+    # Out of memory, read-only replica...: Redis refuses everyone, so no retry is spent.
+    kind = Result.OUTAGE if broker_refuses_writes(exc) else Result.FAILED
+    return Attempt(kind, error_text(exc))
+
+
 def _reply_attempt(reply: Any) -> Attempt:
     if isinstance(reply, Exception):
-        return Attempt(Result.FAILED, error_text(reply))
+        return _error_attempt(reply)
     return Attempt(Result.PUBLISHED)

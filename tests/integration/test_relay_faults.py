@@ -133,10 +133,13 @@ def test_rabbitmq_publishes_with_confirms(
     env = dict(relay_env, OUTBOX_TEST_BROKER_URL=amqp_url)
     relay = start_relay(*FAST, env=env)
     ready(relay)
-    with transaction.atomic():
-        task_id = add.apply_async((4, 5), queue=queue_name, headers={"x-k": "v"}, priority=3).id
     with Connection(amqp_url) as conn:
+        # Declared as Celery declares a missing queue, so the test can poll it before the
+        # relay's own declaration.
         queue = Queue(queue_name, Exchange(queue_name), routing_key=queue_name)
+        queue(conn.default_channel).declare()
+        with transaction.atomic():
+            task_id = add.apply_async((4, 5), queue=queue_name, headers={"x-k": "v"}, priority=3).id
         try:
 
             def fetch() -> Any:
@@ -159,6 +162,10 @@ def test_rabbitmq_channel_error_is_an_ordinary_failure(
     relay = start_relay("--max-retries", "1", *FAST, env=env)
     ready(relay)
     missing = Exchange(f"missing-{queue_name}", type="direct", no_declare=True)
+    with Connection(amqp_url) as conn:
+        Queue(queue_name, Exchange(queue_name), routing_key=queue_name)(
+            conn.default_channel
+        ).declare()
     with transaction.atomic():
         bad = add.apply_async((1, 1), exchange=missing, routing_key="nowhere").id
         good = add.apply_async((2, 2), queue=queue_name).id
@@ -177,3 +184,34 @@ def test_rabbitmq_channel_error_is_an_ordinary_failure(
             assert message.headers["id"] == good
         finally:
             queue(conn.default_channel).delete()
+
+
+def test_redis_refusing_writes_is_an_outage_not_a_failure(
+    start_relay: Any, relay_env: dict[str, Any], private_redis: Any, queue_name: str
+) -> None:
+    """Redis out of memory refuses every write: no retry is spent, nothing is dead-lettered."""
+    import redis
+
+    env = dict(relay_env, OUTBOX_TEST_BROKER_URL=private_redis.url())
+    client = redis.Redis.from_url(private_redis.url())
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    relay = start_relay(
+        "--sweep-interval", "0.5", "--broker-outage-cooldown", "0.5", "--max-retries", "1", env=env
+    )
+    ids = enqueue(queue_name, count=3)
+    wait_for(
+        lambda: "outbox.breaker_opened" in relay.output(),
+        what="the breaker opening",
+        context=relay.output,
+    )
+    assert "OutOfMemoryError" in relay.output() or "maxmemory" in relay.output()
+    assert list(OutboxMessage.objects.values_list("retries", flat=True)) == [0, 0, 0]
+    assert not DeadLetter.objects.exists()
+    client.config_set("maxmemory", 0)
+    queue = RedisQueue(private_redis.url(), queue_name)
+    wait_for(
+        lambda: set(ids) <= set(queue.task_ids()),
+        what="publishes after memory frees",
+        context=relay.output,
+    )

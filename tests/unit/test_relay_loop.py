@@ -193,3 +193,17 @@ def test_queue_gauges_sampled_only_with_metrics_and_at_most_every_interval(
         r.clock.now += Relay.GAUGE_INTERVAL  # type: ignore[attr-defined]
         r.sample_gauges()
         assert store.gauges == 2
+
+
+def test_outage_error_text_reaches_the_log() -> None:
+    """The broker's error text is logged with outbox.broker_unavailable."""
+    import structlog
+
+    store = FakeStore([row(1)])
+    r = relay(
+        store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "ConnectionError: refused"))
+    )
+    with structlog.testing.capture_logs() as logs:
+        r.process_batch()
+    [event] = [e for e in logs if e["event"] == "outbox.broker_unavailable"]
+    assert event["error"] == "ConnectionError: refused"
