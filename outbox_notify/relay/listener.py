@@ -19,7 +19,8 @@ from psycopg import errors as pg_errors
 from outbox_notify import sql
 from outbox_notify.exceptions import DatabaseUnavailable
 from outbox_notify.relay.config import LISTEN_APPLICATION_NAME
-from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, translated
+from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, Peek, translated
+from outbox_notify.serialization import SCHEMA_VERSION
 
 PROBE_TIMEOUT = 2.0  # seconds to wait for our own probe notification
 IDLE_SESSION_TIMEOUT_SINCE = 140000  # server_version that has idle_session_timeout
@@ -143,6 +144,14 @@ class Listener:
                 self.queries["release_wake_lock_bounded" if self.bounded else "release_wake_lock"]
             )
         self.holds_lock = False
+
+    def peek(self) -> Peek:
+        """The relay's one idle query, in autocommit (the row lock it tests is let go at once)."""
+        conn = self._connection()
+        with translated("peeking at the outbox"):
+            row = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION}).fetchone()
+        claimable, due, next_due_in = row or (False, False, None)
+        return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
     def drain_pending(self) -> int:
         """Consume notifications already received; return how many there were."""

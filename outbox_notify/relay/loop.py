@@ -38,7 +38,6 @@ class Relay:
 
     RECONNECT_BASE = 0.1  # seconds
     RECONNECT_CAP = 10.0  # seconds
-    PEER_RECHECK = 1.0  # seconds: how long to trust that a peer relay holds the wake lock
     DUE_SLACK = 0.001  # seconds added to a retry's due time so it is due when we wake
     GAUGE_INTERVAL = 15.0  # seconds between queue depth/age samples (only with metrics on)
     LIVENESS_MIN_INTERVAL = 1.0  # seconds: touch the liveness file no more often than this
@@ -185,9 +184,13 @@ class Relay:
         return True
 
     def sleep_until_work(self) -> None:
-        """Block until something may be claimable (see the module docstring)."""
+        """Block until something may be claimable (see the module docstring).
+
+        While nothing happens, a sleeping relay keeps the wake lock across its timer wakes and
+        costs one indexed peek per sweep interval.
+        """
         if self.polling or self.listener is None:
-            self.wait(self.sleep_timeout(self.store.peek()))
+            self.wait(self.sleep_timeout(self.peek()))
             return
         # Notifications that arrived before the lock are for rows the peek below will see.
         self.listener.drain_pending()
@@ -195,15 +198,23 @@ class Relay:
         if state is LockState.WRITERS:
             return  # rows are committing right now: drain again
         try:
-            peek = self.store.peek()
-            if peek.claimable:
-                return
-            timeout = self.sleep_timeout(peek)
-            if state is LockState.PEER:
-                timeout = min(timeout, self.PEER_RECHECK)
-            self.wait(timeout)
+            while not self.stopping:
+                self.sample_gauges()
+                peek = self.peek()
+                if peek.claimable:
+                    return
+                wake = self.wait(self.sleep_timeout(peek))
+                # Another relay holds the lock: come back and try to take it, in case it died.
+                if wake is not Wake.TIMEOUT or state is LockState.PEER:
+                    return
         finally:
             self.listener.release_lock()
+
+    def peek(self) -> Peek:
+        """One indexed look at the table: on the LISTEN connection when there is one."""
+        if self.listener is not None and self.listener.conn is not None and not self.polling:
+            return self.listener.peek()
+        return self.store.peek()
 
     def sleep_timeout(self, peek: Peek) -> float:
         """Seconds to sleep: the sweep interval, or less when a retry or a held row is due."""

@@ -185,12 +185,15 @@ class ClaimStore:
             conn.commit()
 
     def peek(self) -> Peek:
-        """Check for claimable and held work and the next retry time, in one query."""
+        """Check for claimable and held work and the next retry time, in one statement."""
         conn = self._connection()
-        with translated("peeking at the outbox"), conn.pipeline():
-            cursor = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION})
-            conn.commit()
-        claimable, due, next_due_in = cursor.fetchone() or (False, False, None)
+        with translated("peeking at the outbox"):
+            conn.autocommit = True  # one statement, no BEGIN/COMMIT around it
+            try:
+                row = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION}).fetchone()
+            finally:
+                conn.autocommit = False
+        claimable, due, next_due_in = row or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
     def queue_gauges(self) -> tuple[int, float]:

@@ -56,3 +56,27 @@ def test_frozen_sleeping_relay_loses_the_wake_lock(
     )
     time.sleep(0.2)
     wait_for(lambda: wake_lock_holders() == 1, what="the lock retaken", context=relay.output)
+
+
+def _transactions() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_an_idle_relay_makes_one_query_per_sweep_interval(
+    start_relay: Any, redis_queue: RedisQueue
+) -> None:
+    """Asleep with nothing to do, a relay keeps its lock and only peeks once per sweep interval."""
+    relay = start_relay("--sweep-interval", "0.5")
+    ready(relay)
+    wait_for(lambda: wake_lock_holders() == 1, what="the relay asleep", context=relay.output)
+    time.sleep(1.5)  # the server reports backend statistics at most once a second
+    before = _transactions()
+    time.sleep(6.0)
+    used = _transactions() - before
+    # 12 sweep intervals: 12 peeks, plus this test's own statements and reporting jitter.
+    assert used <= 12 + 6, f"{used} transactions in 6 s"
