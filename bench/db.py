@@ -124,3 +124,20 @@ def notify_calls(world: World, dbname: str) -> float:
             (dbname,),
         ).fetchone()
     return float(row[0]) if row else 0.0
+
+
+def statement_calls(world: World, dbname: str) -> dict[str, float]:
+    """Calls so far of each normalised statement run in one database (pg_stat_statements)."""
+    with connect(world.pg.admin_dsn) as conn:
+        rows = conn.execute(
+            "SELECT query, sum(calls) FROM pg_stat_statements"
+            " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) GROUP BY query",
+            (dbname,),
+        ).fetchall()
+    return {_one_line(str(q)): float(n) for q, n in rows}
+
+
+def _one_line(query: str) -> str:
+    """The statement without its -- comments, on one line."""
+    lines = (line.split("--", 1)[0] for line in query.splitlines())
+    return " ".join(" ".join(lines).split())

@@ -22,6 +22,7 @@ WARMUP = 5.0  # seconds after start-up before counting
 QUICK_WARMUP = 2.0
 # PostgreSQL 15 flushes an idle backend's counters to pg_stat_database after about 10 s.
 STATS_FLUSH = 1.0  # seconds
+TOP_STATEMENTS = 8
 
 
 def run(world: World) -> dict[str, Any]:
@@ -51,7 +52,8 @@ def _snapshot(world: World, relays: list[Any], statements: bool) -> dict[str, di
     snap = {}
     for side, relay in zip(world.sides, relays, strict=True):
         counters = db.database_stats(world, MAIN.database(side), statements)
-        snap[side.key] = {**counters, "cpu": relay.cpu(), "at": time.monotonic()}
+        calls = db.statement_calls(world, MAIN.database(side)) if statements else {}
+        snap[side.key] = {**counters, "calls": calls, "cpu": relay.cpu(), "at": time.monotonic()}
     return snap
 
 
@@ -71,4 +73,12 @@ def _row(side: str, before: dict[str, Any], after: dict[str, Any], window: float
         "transactions_per_min": _per_minute(before["transactions"], after["transactions"], seconds),
         "relay_cpu_s": after["cpu"] - before["cpu"],
         "relay_cpu_s_per_min": (after["cpu"] - before["cpu"]) / seconds * 60,
+        "top_statements_per_min": _top(before["calls"], after["calls"], seconds),
     }
+
+
+def _top(before: dict[str, float], after: dict[str, float], seconds: float) -> list[Any]:
+    """The statements run most often in the window, with their rate per minute."""
+    delta = {q: n - before.get(q, 0.0) for q, n in after.items()}
+    ranked = sorted(((n, q) for q, n in delta.items() if n > 0), reverse=True)[:TOP_STATEMENTS]
+    return [{"statement": q[:160], "per_min": n / seconds * 60} for n, q in ranked]

@@ -54,9 +54,17 @@ def _bars(
     for index, (label, colour, heights) in enumerate(series):
         xs = [g + index * width for g in range(len(groups))]
         bars = ax.bar(xs, heights, width, label=label, color=colour)
-        ax.bar_label(bars, labels=[f"{h:,.0f}" for h in heights], fontsize=7)
+        crowded = len(series) > 2
+        ax.bar_label(
+            bars,
+            labels=[f"{h:,.0f}" for h in heights],
+            fontsize=6 if crowded else 7,
+            rotation=90 if crowded else 0,
+            padding=2,
+        )
     ax.set_xticks([g + width * (len(series) - 1) / 2 for g in range(len(groups))], groups)
     ax.set_title(title, fontsize=10)
+    ax.margins(y=0.18)  # room for the value labels
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
 
@@ -86,7 +94,8 @@ def _writers_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
         )
         for key, label in configs
     ]
-    return [f"{w} writers" for w in result["writers"]], series, "writers: transactions/s"
+    groups = [f"{w} writer{'s' * (w > 1)}" for w in result["writers"]]
+    return groups, series, "writers: transactions/s"
 
 
 def _enqueue_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:

@@ -160,12 +160,15 @@ def writers(result: dict[str, Any], sides: Sides) -> str:
             share = r.get("notified_share")
             notified = "" if share is None or r["config"] == "peer" else f", {share:.0%} notified"
             base = r.get("ratio_to_no_trigger")
+            published = r.get("published_during_run")
+            notified += "" if published is None else f"; relay published {published:,}"
             cells.append(f"{r['tps']:,.0f} ({'n/a' if base is None else f'{base:.2f}'}{notified})")
         rows.append([label, *cells])
     header = ["configuration", *(f"{w} writer{'s' * (w > 1)}" for w in result["writers"])]
     return (
         f"Transactions/s ({result['seconds']} s per run), ratio to our table without the trigger, "
-        "share of transactions that sent a NOTIFY.\n\n" + table(header, rows)
+        "share of transactions that sent a NOTIFY, messages the relay published meanwhile.\n\n"
+        + table(header, rows)
     )
 
 
@@ -192,7 +195,21 @@ def idle(result: dict[str, Any], sides: Sides) -> str:
         if result["pg_stat_statements"]
         else "\nStatements: n/a (pg_stat_statements is not loaded on that server).\n"
     )
-    return table(header, rows) + note
+    return table(header, rows) + note + _idle_statements(result, sides)
+
+
+def _idle_statements(result: dict[str, Any], sides: Sides) -> str:
+    """What each idle relay runs most often."""
+    out = []
+    for r in result["rows"]:
+        top = r.get("top_statements_per_min") or []
+        if top:
+            rows = [[f"`{t['statement'].replace('|', '/')}`", num(t["per_min"], 1)] for t in top]
+            out.append(
+                f"\n{sides[r['side']]}, most frequent statements while idle:\n\n"
+                + table(["statement", "per min"], rows)
+            )
+    return "".join(out)
 
 
 def crash(result: dict[str, Any], sides: Sides) -> str:

@@ -127,6 +127,7 @@ def measure(
     dbname = MAIN.database(side)
     before = db.notify_calls(world, dbname) if counting else None
     tps, transactions = pgbench(world, side, script, writers, seconds)
+    published = int(world.broker.client().llen(MAIN.queue(side)))
     after = db.notify_calls(world, dbname) if counting else None
     notified = None if before is None or after is None else (after - before) / transactions
     return {
@@ -136,6 +137,7 @@ def measure(
         "tps": tps,
         "transactions": transactions,
         "notified_share": notified,
+        "published_during_run": published if config.relay else None,
     }
 
 
