@@ -356,7 +356,10 @@ NOTES = {
         "\npgbench clients each commit one outbox row per transaction (the same realistic row as "
         "above). The relays that run beside the writers publish what they can and compete for the "
         "same two cores, so part of a 'relay running' ratio is CPU taken by the relay, not the "
-        "trigger; the 'no relay' row isolates the trigger. NOTIFYs are counted with "
+        "trigger; the 'no relay' row isolates the trigger. A relay that publishes more during the "
+        "run (the count in its cells) also puts more CPU and WAL on the same machine; run-to-run "
+        "noise here is large (±20 %), so read the ratios as 'about the same', not as rankings. "
+        "NOTIFYs are counted with "
         "pg_stat_statements (track=all sees the trigger's pg_notify).\n"
     ),
     "idle": (
