@@ -219,6 +219,7 @@ def crash(result: dict[str, Any], sides: Sides) -> str:
         rows.append(
             [
                 sides[r["side"]],
+                f"{r['backlog']:,}",
                 f"{r['held_at_kill']:,}",
                 seconds,
                 f"{r['unpublished_at_cap']:,}",
@@ -227,6 +228,7 @@ def crash(result: dict[str, Any], sides: Sides) -> str:
         )
     header = [
         "library",
+        "backlog",
         "rows held at the kill",
         "kill → all of them published",
         "still unpublished at the end",
@@ -369,7 +371,7 @@ NOTES = {
         "with Django's default CONN_MAX_AGE=0, reconnects for each poll.\n"
     ),
     "crash": (
-        "\nTwo relays drain a backlog; a tenth of the way through both are frozen (SIGSTOP), the "
+        "\nTwo relays drain a committed backlog (its size is in the table); early in it both are frozen (SIGSTOP), the "
         "rows they hold are read, one gets SIGKILL and the other continues. Ours holds rows by "
         "row locks in an open transaction, which PostgreSQL releases when the connection drops; "
         "django-celery-outbox marks rows in flight and leaves them until its 300 s stale timeout. "
