@@ -42,6 +42,9 @@ class Relay:
     GAUGE_INTERVAL = 15.0  # seconds between queue depth/age samples (only with metrics on)
     LIVENESS_MIN_INTERVAL = 1.0  # seconds: touch the liveness file no more often than this
     BUSY_LINGER = 0.002  # seconds between drains while rows keep coming (no sleep, no NOTIFY)
+    # Rows a drain must have found for the relay to linger rather than sleep. Below it, the
+    # arrival rate is low enough that a NOTIFY per commit is cheap, and waking on it is faster.
+    LINGER_THRESHOLD = 4
 
     def __init__(
         self,
@@ -150,7 +153,7 @@ class Relay:
         if not self.drain() or self.stopping:
             return
         self.sample_gauges()
-        if self.drained:
+        if self.drained >= self.LINGER_THRESHOLD:
             # Rows are flowing. Sleeping now would make every writer NOTIFY until the next
             # wake, and under steady load that is most of the time (bench/trigger.py, case d).
             # Look again shortly instead; sleep only after a drain that found nothing.
