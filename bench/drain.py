@@ -25,8 +25,9 @@ BACKLOG = 100_000
 QUICK_BACKLOG = 10_000
 RELAY_COUNTS = (1, 2)
 SETTLE = 1.0  # seconds between the relays being up and the commit
+QUICK_SETTLE = 0.3
 CAP = 60.0  # seconds one drain may take; a slower one reports its rate over the cap
-QUICK_CAP = 10.0
+QUICK_CAP = 6.0
 LIST_POLL = 0.01  # seconds between LLEN checks
 PROFILE_BACKLOG = 30_000
 PROFILE_RATE = 250  # py-spy samples per second
@@ -53,7 +54,7 @@ def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, A
     # SIGKILL at the end: after a capped drain, a graceful stop would first drain the rest
     # (django-celery-outbox keeps publishing for up to its 30 s shutdown timeout).
     with world.procs.started(lambda: world.start_relays(side, count), signal.SIGKILL) as relays:
-        time.sleep(SETTLE)
+        time.sleep(QUICK_SETTLE if world.quick else SETTLE)
         timing = timed_drain(world, side, relays, backlog)
     db.reset(world, side)
     return {"side": side.key, "relays": count, **timing}
