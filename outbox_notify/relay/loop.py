@@ -156,7 +156,7 @@ class Relay:
         if self.drained >= self.LINGER_THRESHOLD:
             # Rows are flowing. Sleeping now would make every writer NOTIFY until the next
             # wake, and under steady load that is most of the time (bench/trigger.py, case d).
-            # Look again shortly instead; sleep only after a drain that found nothing.
+            # Look again shortly instead; sleep only after a drain that found only a few rows.
             self.pause(self.BUSY_LINGER)
             return
         self.sleep_until_work()
