@@ -6,9 +6,11 @@ import signal
 import time
 from typing import Any
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
+from outbox_notify.relay.config import CLAIM_APPLICATION_NAME, LISTEN_APPLICATION_NAME
 from tests.integration.test_relay import ready
 from tests.relay_support import RedisQueue, wait_for
 
@@ -58,25 +60,57 @@ def test_frozen_sleeping_relay_loses_the_wake_lock(
     wait_for(lambda: wake_lock_holders() == 1, what="the lock retaken", context=relay.output)
 
 
-def _transactions() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
-        )
-        return int(cursor.fetchone()[0])
+def _connect() -> psycopg.Connection:
+    params = connections["default"].get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params, autocommit=True)
 
 
 def test_an_idle_relay_makes_one_query_per_sweep_interval(
     start_relay: Any, redis_queue: RedisQueue
 ) -> None:
-    """Asleep with nothing to do, a relay keeps its lock and only peeks once per sweep interval."""
+    """Asleep with nothing to do, a relay keeps its lock and only peeks once per sweep interval.
+
+    Watched through pg_stat_activity, which shows each backend's current statement at once;
+    database-wide counters would also count autovacuum and statistics flushed late.
+    """
     relay = start_relay("--sweep-interval", "0.5")
     ready(relay)
     wait_for(lambda: wake_lock_holders() == 1, what="the relay asleep", context=relay.output)
-    time.sleep(1.5)  # the server reports backend statistics at most once a second
-    before = _transactions()
-    time.sleep(6.0)
-    used = _transactions() - before
-    # 12 sweep intervals: 12 peeks, plus this test's own statements and reporting jitter.
-    assert used <= 12 + 6, f"{used} transactions in 6 s"
+    with _connect() as watcher:
+        rows = watcher.execute(
+            "SELECT application_name, pid FROM pg_stat_activity WHERE application_name IN (%s, %s)",
+            (LISTEN_APPLICATION_NAME, CLAIM_APPLICATION_NAME),
+        ).fetchall()
+        pids = dict(rows)
+        assert set(pids) == {LISTEN_APPLICATION_NAME, CLAIM_APPLICATION_NAME}, rows
+        peeks: set[Any] = set()
+        others: list[str] = []
+        claim_changes: set[Any] = set()
+        holders: set[int] = set()
+        deadline = time.monotonic() + 6.0
+        while time.monotonic() < deadline:
+            sample = watcher.execute(
+                "SELECT a.pid, a.query_start, a.state_change, a.query,"
+                " (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory'"
+                "  AND l.classid = 1869968482 AND l.objid = 1 AND l.objsubid = 2"
+                "  AND l.granted AND l.mode = 'ExclusiveLock')"
+                " FROM pg_stat_activity a WHERE a.pid = ANY(%s)",
+                (list(pids.values()),),
+            ).fetchall()
+            for pid, query_start, state_change, query, holder in sample:
+                holders.add(holder)
+                if pid == pids[CLAIM_APPLICATION_NAME]:
+                    claim_changes.add(state_change)
+                elif "claimable" in query:
+                    peeks.add(query_start)
+                else:
+                    others.append(query)
+            time.sleep(0.005)
+    # The lock never changed hands, the claim connection said nothing, and the LISTEN
+    # connection ran nothing but peeks: 12 sweep intervals in 6 s, with a margin for timing.
+    assert holders == {pids[LISTEN_APPLICATION_NAME]}, holders
+    assert len(claim_changes) == 1, f"the claim connection ran {len(claim_changes) - 1} statements"
+    assert not others, f"statements other than the peek: {sorted(set(others))}"
+    assert 6 <= len(peeks) <= 12 + 2, f"{len(peeks)} peeks in 6 s"
