@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 from typing import Any
@@ -113,4 +114,8 @@ def test_an_idle_relay_makes_one_query_per_sweep_interval(
     assert holders == {pids[LISTEN_APPLICATION_NAME]}, holders
     assert len(claim_changes) == 1, f"the claim connection ran {len(claim_changes) - 1} statements"
     assert not others, f"statements other than the peek: {sorted(set(others))}"
-    assert 6 <= len(peeks) <= 12 + 2, f"{len(peeks)} peeks in 6 s"
+    # One statement can show two query_start values: the server stamps the Parse and the
+    # Bind/Execute messages of the extended protocol separately, a fraction of a ms apart.
+    gaps = [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(sorted(peeks))]
+    statements = 1 + sum(1 for gap in gaps if gap > 0.02) if peeks else 0
+    assert 6 <= statements <= 12 + 2, f"{statements} peeks in 6 s, gaps {gaps}"
