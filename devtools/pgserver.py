@@ -57,7 +57,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _unprivileged_user() -> pwd.struct_passwd:
+def unprivileged_user() -> pwd.struct_passwd:
     for name in UNPRIVILEGED_USERS:
         with contextlib.suppress(KeyError):
             return pwd.getpwnam(name)
@@ -82,7 +82,7 @@ def _executable(base: Path) -> str:
     # gives SQL_ASCII, which would hide encoding bugs production (UTF-8) would show.
     command = f'env LC_ALL=C.UTF-8 LANG=C.UTF-8 "{pg_ctl}" "$@"'
     if os.geteuid() == 0:
-        user = _unprivileged_user()
+        user = unprivileged_user()
         os.chown(base, user.pw_uid, user.pw_gid)
         command = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups --reset-env {command}"
     wrapper = base / "pg_ctl-wrapper"

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from devtools.pgserver import free_port
+from devtools.process import stop_process
 
 START_TIMEOUT = 10.0  # seconds
 
@@ -57,13 +58,7 @@ class PrivateRedis:
         """Stop the server (SIGTERM, then SIGKILL); connections to it break."""
         if self.process is None:
             return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
         self.process = None
 
 

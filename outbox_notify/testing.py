@@ -129,6 +129,11 @@ class SavepointStore:
         snapshot = stats.collect(connections[self.alias], top=0)
         return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
 
+    def send_probe(self, payload: str) -> None:
+        """NOTIFY the probe channel inside the test's transaction (sent if it ever commits)."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(self.queries["notify_probe"], {"payload": payload})
+
 
 class FakeRelay:
     """Drains the outbox through the real relay loop into a RecordingPublisher."""

@@ -40,6 +40,21 @@ def wait_for(
         time.sleep(interval)
 
 
+def run_python(script: str, env: dict[str, Any], *args: str, timeout: float = 120) -> str:
+    """Run a Python snippet in a subprocess at the repository root; return its last output line."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert done.returncode == 0, f"the script failed ({done.returncode}):\n{done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
+
+
 class RelayProcess:
     """A `manage.py outbox_listen` (or `outbox_sweep`) subprocess with captured output."""
 

@@ -77,3 +77,5 @@ TEMPLATES = [
 ]
 
 OUTBOX_NOTIFY_CELERY_APP = "tests.celery_app.app"
+# Set by tests that put the alias behind a transaction pooler (tests/integration/test_pgbouncer.py).
+OUTBOX_NOTIFY_LISTEN_DSN = os.environ.get("OUTBOX_TEST_LISTEN_DSN") or None

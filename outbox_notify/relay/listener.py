@@ -11,6 +11,7 @@ import enum
 import os
 import select
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -18,11 +19,11 @@ from psycopg import errors as pg_errors
 
 from outbox_notify import sql
 from outbox_notify.exceptions import DatabaseUnavailable
-from outbox_notify.relay.config import LISTEN_APPLICATION_NAME
+from outbox_notify.relay.config import LISTEN_APPLICATION_NAME, PROBE_CHANNEL
 from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, Peek, translated
 from outbox_notify.serialization import SCHEMA_VERSION
 
-PROBE_TIMEOUT = 2.0  # seconds to wait for our own probe notification
+PROBE_TIMEOUT = 2.0  # seconds to wait for the probe notification
 IDLE_SESSION_TIMEOUT_SINCE = 140000  # server_version that has idle_session_timeout
 
 
@@ -94,19 +95,24 @@ class Listener:
             raise DatabaseUnavailable("the LISTEN connection is not open")
         return self.conn
 
-    def probe(self) -> bool:
-        """Check that a notification sent through this connection comes back to it.
+    def probe(self, send: Callable[[str], None]) -> bool:
+        """Check that a notification sent from another session reaches this connection.
 
-        Through a transaction-pooling PgBouncer, LISTEN succeeds but notifications go to
-        whichever server connection the pooler picks: the probe then times out.
+        `send(payload)` must NOTIFY from the claim connection, as a writer's trigger would.
+        Through a transaction-pooling PgBouncer our LISTEN belongs to a server connection
+        that goes back to the pool between statements, so the notification never comes back
+        (a notification sent through this same connection could: the pooler may hand it the
+        same server connection). It also fails when the LISTEN DSN reaches another database
+        than the claims do.
         """
         conn = self._connection()
         payload = f"{os.getpid()}-{time.monotonic_ns()}"
         with translated("probing LISTEN/NOTIFY"):
             conn.execute(self.queries["listen_probe"])
-            conn.execute(self.queries["notify_probe"], {"payload": payload})
+        send(payload)
+        with translated("probing LISTEN/NOTIFY"):
             received = any(
-                n.channel.endswith("_probe") and n.payload == payload
+                n.channel == PROBE_CHANNEL and n.payload == payload
                 for n in conn.notifies(timeout=PROBE_TIMEOUT, stop_after=1)
             )
             conn.execute(self.queries["unlisten_probe"])

@@ -120,7 +120,7 @@ class Relay:
         self.store.connect()
         if self.listener is not None and not self.config.poll_only:
             self.listener.connect()
-            if self.listener.probe():
+            if self.listener.probe(self.store.send_probe):
                 self.polling = False
             else:
                 self.polling = True

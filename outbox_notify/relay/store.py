@@ -91,6 +91,7 @@ class Store(Protocol):
     def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
     def peek(self) -> Peek: ...
     def queue_gauges(self) -> tuple[int, float]: ...
+    def send_probe(self, payload: str) -> None: ...
 
 
 def connection_kwargs(alias: str) -> dict[str, Any]:
@@ -195,6 +196,13 @@ class ClaimStore:
                 conn.autocommit = False
         claimable, due, next_due_in = row or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
+
+    def send_probe(self, payload: str) -> None:
+        """NOTIFY the LISTEN probe channel from this connection and commit (Listener.probe)."""
+        conn = self._connection()
+        with translated("sending the LISTEN probe"):
+            conn.execute(self.queries["notify_probe"], {"payload": payload})
+            conn.commit()
 
     def queue_gauges(self) -> tuple[int, float]:
         """Queue depth and the oldest pending row's age in seconds (cheap, estimated when large)."""

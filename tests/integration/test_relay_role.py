@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql as pgsql
 
 from devtools import pgserver
-from tests.relay_support import ROOT, RedisQueue, wait_for
+from tests.relay_support import ROOT, RedisQueue, run_python, wait_for
 
 INSTALL_SQL = ROOT / "sql" / "install.sql"
 ROLE_SQL = ROOT / "sql" / "relay_role.sql"
@@ -99,16 +98,7 @@ def _enqueue_as_writer(env: dict[str, Any], queue: str) -> str:
             print(add.apply_async((20, 22), queue={queue!r}).id)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
+    return run_python(script, env, timeout=60)
 
 
 def _insert_bad_rows(server: pgserver.PrivateServer, queue: str) -> None:
