@@ -8,6 +8,7 @@ Run from the repository root (`make trigger-bench BENCH_ARGS=...` does the same)
     .venv/bin/python -m bench.trigger --dsn postgresql://user@host/dbname
     .venv/bin/python -m bench.trigger --relay-cmd "python manage.py outbox_listen"
     .venv/bin/python -m bench.trigger --relay-linger 5    # (d) sleeps only after an empty drain
+    .venv/bin/python -m bench.trigger --writers 32 --rounds 8   # one writer count, more rounds
 
 1, 8 and 32 pgbench clients each commit one outbox row per transaction, in turn under:
 
@@ -16,6 +17,8 @@ Run from the repository root (`make trigger-bench BENCH_ARGS=...` does the same)
     c  our trigger, a relay asleep for the whole run: every writer notifies (the worst case)
     d  our trigger, a relay cycling: lock, claim, sleep until notified, unlock, drain, again
     e  a naive trigger that always notifies, for reference
+    f  no trigger, the same relay as (d) running: (d) / (f) is what the trigger costs writers
+       while a relay competes with them for the machine
 
 Without --dsn a private PostgreSQL with durable commits (fsync and synchronous_commit on) is
 started and always removed at the end; with --dsn the benchmark creates, and finally drops, its
@@ -26,6 +29,10 @@ alike; the table gives the median tps per (configuration, writers) and the ratio
 each (d) run with the benchmark database's conninfo in $OUTBOX_BENCH_DSN (and in place of "{dsn}"
 in the command) and its parts in libpq's $PGHOST, $PGPORT, $PGUSER, $PGDATABASE (, $PGPASSWORD);
 it must take the relay's advisory lock within 30 s, and gets SIGTERM at the end of the run.
+(f) starts the same command; since no trigger wakes it, the benchmark NOTIFYs it once when
+the first rows arrive (as the trigger's first NOTIFY does in (d)); without that it would sleep
+through its first sweep interval, publish less, and leave the writers more CPU than in (d).
+Beside the real relay a counting LISTEN session reports the share of transactions that notified.
 """
 
 from __future__ import annotations
@@ -68,6 +75,7 @@ SERVER_OPTIONS = (
     "-c max_connections=200 -c shared_buffers=256MB -c fsync=on -c synchronous_commit=on"
 )
 RELAY_POLL = 0.1  # seconds: how often a waiting simulated relay checks whether the run ended
+KICK_POLL = 0.005  # seconds: how often the kick (see relay_command) looks for the first rows
 RELAY_START_TIMEOUT = 30.0  # seconds a --relay-cmd relay has to take the lock
 RELAY_STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL for a --relay-cmd relay
 LIBPQ_ENV = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "dbname": "PGDATABASE",
@@ -169,6 +177,7 @@ class RelayControl:
     ready: threading.Event = field(default_factory=threading.Event)
     failure: list[BaseException] = field(default_factory=list)
     linger: float = 0.0  # seconds; see --relay-linger
+    kick: bool = False  # see relay_command
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -182,6 +191,7 @@ class Bench:
     our_trigger: str  # CREATE TRIGGER statement as installed by sql/install.sql
     relay_cmd: str | None
     relay_linger: float  # seconds
+    writers: tuple[int, ...] = WRITER_COUNTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -351,10 +361,10 @@ def _raise_failure(ctl: RelayControl) -> None:
 
 @contextlib.contextmanager
 def relay_thread(
-    body: Callable[[str, RelayControl], None], dsn: str, linger: float = 0.0
+    body: Callable[[str, RelayControl], None], dsn: str, linger: float = 0.0, *, kick: bool = False
 ) -> Iterator[RelayStats]:
-    """Run a simulated relay in a thread for the length of a `with` block."""
-    ctl = RelayControl(linger=linger)
+    """Run a simulated relay (or a notification counter) in a thread for a `with` block."""
+    ctl = RelayControl(linger=linger, kick=kick)
     thread = threading.Thread(target=_guarded, args=(body, dsn, ctl), daemon=True)
     thread.start()
     ctl.ready.wait()
@@ -409,16 +419,43 @@ def relay_env(dsn: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def relay_command(command: str, dsn: str) -> Iterator[None]:
-    """Run the real relay (--relay-cmd) in its own process group for a `with` block."""
+def relay_command(command: str, dsn: str, *, kick: bool) -> Iterator[RelayStats]:
+    """Run the real relay (--relay-cmd) in its own process group for a `with` block.
+
+    A LISTEN connection of our own counts the notifications writers send meanwhile (one
+    per notifying transaction), so the real relay's runs report a notified share too.
+    `kick` (the runs without a trigger): wake the relay once when the first rows arrive, as
+    the trigger's first NOTIFY does in (d); otherwise it would sleep through the first
+    sweep interval of the run, publish less, and leave the writers more CPU than in (d).
+    """
     argv = shlex.split(command.replace("{dsn}", dsn))
     proc = subprocess.Popen(argv, env=relay_env(dsn), start_new_session=True)
     try:
         _wait_until_asleep(dsn, proc)
-        yield
+        with relay_thread(count_notifications, dsn, kick=kick) as stats:
+            yield stats
     finally:
         _terminate(proc)
         _drop_relay_queue()
+
+
+def count_notifications(dsn: str, ctl: RelayControl) -> None:
+    """Beside a real relay: LISTEN and count (holds no lock); NOTIFY once if ctl.kick."""
+    with _connect(dsn) as conn, _connect(dsn) as probe:
+        conn.execute("LISTEN outbox_notify_v1")
+        ctl.ready.set()
+        kick = ctl.kick
+        while not ctl.stop.is_set():
+            ctl.stats.notifications += _count(
+                conn.notifies(timeout=KICK_POLL if kick else RELAY_POLL)
+            )
+            if kick and probe.execute(ANY_ROW).fetchone():
+                probe.execute("NOTIFY outbox_notify_v1")
+                kick = False
+        ctl.stats.notifications -= int(ctl.kick and not kick)  # our own kick
+
+
+ANY_ROW = "SELECT 1 FROM outbox_notify_message_v1 LIMIT 1"
 
 
 def _drop_relay_queue() -> None:
@@ -433,7 +470,7 @@ def relay_for(config: Config, bench: Bench) -> contextlib.AbstractContextManager
     if config.relay == "asleep":
         return relay_thread(sleep_all_run, bench.dsn)
     if config.relay == "cycling" and bench.relay_cmd:
-        return relay_command(bench.relay_cmd, bench.dsn)
+        return relay_command(bench.relay_cmd, bench.dsn, kick=config.trigger == "none")
     if config.relay == "cycling":
         return relay_thread(cycle_all_run, bench.dsn, bench.relay_linger)
     return contextlib.nullcontext()
@@ -496,7 +533,7 @@ def measure(bench: Bench, rounds: int) -> list[Run]:
     runs: list[Run] = []
     with _connect(bench.dsn) as conn:
         for rnd in range(1, rounds + 1):
-            for writers in WRITER_COUNTS:
+            for writers in bench.writers:
                 for config in CONFIGS:
                     runs.append(run_once(bench, conn, config, writers, rnd))
                     _progress(runs[-1], rounds)
@@ -515,8 +552,9 @@ def _notified_share(runs: list[Run]) -> float | None:
 
 def summarise(runs: list[Run]) -> list[Summary]:
     """Median tps per (configuration, writers) and its ratio to (a) at the same writer count."""
+    counts = sorted({r.writers for r in runs})
     groups = {(c.key, w): [r for r in runs if (r.config, r.writers) == (c.key, w)]
-              for c in CONFIGS for w in WRITER_COUNTS}  # fmt: skip
+              for c in CONFIGS for w in counts}  # fmt: skip
     medians = {pair: statistics.median(r.tps for r in group) for pair, group in groups.items()}
     return [
         Summary(
@@ -529,7 +567,7 @@ def summarise(runs: list[Run]) -> list[Summary]:
             notified_share=_notified_share(groups[c.key, w]),
         )
         for c in CONFIGS
-        for w in WRITER_COUNTS
+        for w in counts
     ]
 
 
@@ -543,8 +581,9 @@ def _cell(summary: Summary) -> str:
 
 def table(summaries: list[Summary]) -> str:
     """A Markdown table: median tps (ratio to (a), share of writers that notified)."""
-    header = "| configuration | " + " | ".join(f"{w} writer{'s' * (w > 1)}" for w in WRITER_COUNTS)
-    lines = [header + " |", "|---" * (len(WRITER_COUNTS) + 1) + "|"]
+    counts = sorted({s.writers for s in summaries})
+    header = "| configuration | " + " | ".join(f"{w} writer{'s' * (w > 1)}" for w in counts)
+    lines = [header + " |", "|---" * (len(counts) + 1) + "|"]
     for config in CONFIGS:
         cells = [_cell(s) for s in summaries if s.config == config.key]
         lines.append(f"| ({config.key}) {config.label} | " + " | ".join(cells) + " |")
@@ -555,8 +594,9 @@ def table(summaries: list[Summary]) -> str:
 
 def _d_over_f(summaries: list[Summary]) -> str:
     tps = {(s.config, s.writers): s.median_tps for s in summaries}
+    counts = sorted({s.writers for s in summaries})
     return ", ".join(
-        f"{tps['d', w] / tps['f', w]:.2f} at {w} writer{'s' * (w > 1)}" for w in WRITER_COUNTS
+        f"{tps['d', w] / tps['f', w]:.2f} at {w} writer{'s' * (w > 1)}" for w in counts
     )
 
 
@@ -608,6 +648,16 @@ def write_json(path: Path, report: dict[str, Any]) -> None:
 # --- command line -----------------------------------------------------------------------
 
 
+def _writer_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError("writer counts must be positive integers")
+    return counts
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line; --quick only changes the defaults of --rounds and --seconds."""
     parser = argparse.ArgumentParser(
@@ -628,6 +678,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="MS",
         help="simulated relay of (d): after a drain that found rows, drain again MS later instead"
         " of going to sleep; sleep only after an empty drain (default 0: sleep after every drain)",
+    )
+    parser.add_argument(
+        "--writers",
+        type=_writer_counts,
+        default=WRITER_COUNTS,
+        metavar="N,N,...",
+        help="pgbench client counts (default " + ",".join(map(str, WRITER_COUNTS)) + ")",
     )
     args = parser.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else DEFAULT_ROUNDS)
@@ -657,6 +714,7 @@ def benchmark(args: argparse.Namespace, dsn: str, script: Path) -> dict[str, Any
         our_trigger=our_trigger,
         relay_cmd=args.relay_cmd,
         relay_linger=args.relay_linger / 1000,
+        writers=args.writers,
     )
     load_before = os.getloadavg()
     runs = measure(bench, args.rounds)
@@ -668,7 +726,7 @@ def benchmark(args: argparse.Namespace, dsn: str, script: Path) -> dict[str, Any
         "settings": {
             "rounds": args.rounds,
             "seconds": args.seconds,
-            "writers": list(WRITER_COUNTS),
+            "writers": list(bench.writers),
             "relay_cmd": args.relay_cmd,
             "relay_linger_ms": args.relay_linger,
         },

@@ -52,3 +52,37 @@ def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
     assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
     assert set(report["scenarios"]) >= {"latency", "drain", "writers", "idle", "crash"}
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.redis
+def test_trigger_bench_runs_with_the_real_relay(tmp_path: Path) -> None:
+    """`python -m bench.trigger --relay-cmd ...` completes every configuration with a real relay.
+
+    Tiny runs (1 s, 1 and 2 writers); only what does not depend on timing is checked: every
+    configuration ran, the relay runs report a notified share (the counting LISTEN session
+    works), and the relay asleep all run (c) made every writer transaction notify.
+    """
+    from tests.conftest import REDIS_URL, require_service
+
+    require_service("Redis", os.environ.get("OUTBOX_BENCH_REDIS_URL", REDIS_URL), 6379)
+    out = tmp_path / "trigger.json"
+    relay = f"{sys.executable} -m django outbox_listen --settings=tests.settings"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.trigger", "--writers", "1,2", "--rounds", "1",
+         "--seconds", "1", "--relay-cmd", relay, "--json", str(out)],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("DJANGO_SETTINGS")},
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report = json.loads(out.read_text())
+    cells = {(s["config"], s["writers"]): s for s in report["summary"]}
+    assert set(cells) == {(c, w) for c in "abcdef" for w in (1, 2)}
+    for writers in (1, 2):
+        assert cells["c", writers]["notified_share"] == pytest.approx(1.0, abs=0.01)
+        assert cells["d", writers]["notified_share"] is not None
+        assert cells["f", writers]["notified_share"] == 0
+    assert "(d) / (f)" in done.stdout
