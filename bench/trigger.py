@@ -76,6 +76,8 @@ SERVER_OPTIONS = (
 )
 RELAY_POLL = 0.1  # seconds: how often a waiting simulated relay checks whether the run ended
 KICK_POLL = 0.005  # seconds: how often the kick (see relay_command) looks for the first rows
+KICK_PAYLOAD = "bench-kick"  # the trigger's notifications have an empty payload
+ANY_ROW = "SELECT 1 FROM outbox_notify_message_v1 LIMIT 1"
 RELAY_START_TIMEOUT = 30.0  # seconds a --relay-cmd relay has to take the lock
 RELAY_STOP_TIMEOUT = 10.0  # seconds between SIGTERM and SIGKILL for a --relay-cmd relay
 LIBPQ_ENV = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER", "dbname": "PGDATABASE",
@@ -356,7 +358,7 @@ def _guarded(body: Callable[[str, RelayControl], None], dsn: str, ctl: RelayCont
 
 def _raise_failure(ctl: RelayControl) -> None:
     if ctl.failure:
-        raise BenchError(f"the simulated relay failed: {ctl.failure[0]!r}") from ctl.failure[0]
+        raise BenchError(f"the relay thread failed: {ctl.failure[0]!r}") from ctl.failure[0]
 
 
 @contextlib.contextmanager
@@ -410,8 +412,11 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
 def relay_env(dsn: str) -> dict[str, str]:
     """Our environment plus the benchmark database, as a conninfo and as libpq's PG* variables."""
     parts = {LIBPQ_ENV[k]: str(v) for k, v in conninfo_to_dict(dsn).items() if k in LIBPQ_ENV}
+    # tests/settings.py prefers OUTBOX_TEST_DATABASE_URL (and a test database name) to libpq's
+    # variables; from a test run they would point the relay at the test server.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_TEST_")}
     return {
-        **os.environ,
+        **inherited,
         **parts,
         "OUTBOX_BENCH_DSN": dsn,
         "OUTBOX_TEST_BROKER_URL": RELAY_REDIS_URL,
@@ -440,22 +445,24 @@ def relay_command(command: str, dsn: str, *, kick: bool) -> Iterator[RelayStats]
 
 
 def count_notifications(dsn: str, ctl: RelayControl) -> None:
-    """Beside a real relay: LISTEN and count (holds no lock); NOTIFY once if ctl.kick."""
-    with _connect(dsn) as conn, _connect(dsn) as probe:
+    """Beside a real relay: LISTEN and count writers' notifications (holds no lock).
+
+    With ctl.kick, also NOTIFY once (payload KICK_PAYLOAD, not counted) when rows appear.
+    """
+    with _connect(dsn) as conn, _connect(dsn) as kicker:
         conn.execute("LISTEN outbox_notify_v1")
         ctl.ready.set()
         kick = ctl.kick
         while not ctl.stop.is_set():
-            ctl.stats.notifications += _count(
-                conn.notifies(timeout=KICK_POLL if kick else RELAY_POLL)
-            )
-            if kick and probe.execute(ANY_ROW).fetchone():
-                probe.execute("NOTIFY outbox_notify_v1")
+            ctl.stats.notifications += _count_writers(conn, KICK_POLL if kick else RELAY_POLL)
+            if kick and kicker.execute(ANY_ROW).fetchone():
+                kicker.execute("SELECT pg_notify('outbox_notify_v1', %s)", (KICK_PAYLOAD,))
                 kick = False
-        ctl.stats.notifications -= int(ctl.kick and not kick)  # our own kick
+        ctl.stats.notifications += _count_writers(conn, 0)  # what arrived since the last look
 
 
-ANY_ROW = "SELECT 1 FROM outbox_notify_message_v1 LIMIT 1"
+def _count_writers(conn: psycopg.Connection[Any], timeout: float) -> int:
+    return sum(1 for n in conn.notifies(timeout=timeout) if n.payload != KICK_PAYLOAD)
 
 
 def _drop_relay_queue() -> None:

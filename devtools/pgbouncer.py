@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from devtools.pgserver import free_port, unprivileged_user
 from devtools.process import stop_process
@@ -49,8 +49,10 @@ class PrivateBouncer:
 
     def stop(self) -> None:
         """Stop pgbouncer (SIGTERM, then SIGKILL) and delete its files."""
-        stop_process(self.process)
-        shutil.rmtree(self.base, ignore_errors=True)
+        try:
+            stop_process(self.process)
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
 
 
 def start(server_url: str, *, pool_mode: str = "transaction", pool_size: int = 2) -> PrivateBouncer:
@@ -62,36 +64,41 @@ def start(server_url: str, *, pool_mode: str = "transaction", pool_size: int = 2
     user = server.username or "postgres"
     port = free_port()
     base = Path(tempfile.mkdtemp(prefix="outbox-notify-pgbouncer-"))
-    password = f" password={server.password}" if server.password else ""
-    # auth_type=any: clients are not checked; every server connection logs in as `user`.
-    (base / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"* = host={server.hostname or '127.0.0.1'} port={server.port or 5432} user={user}{password}\n"
-        "[pgbouncer]\n"
-        "listen_addr = 127.0.0.1\n"
-        f"listen_port = {port}\n"
-        "unix_socket_dir =\n"
-        "auth_type = any\n"
-        f"pool_mode = {pool_mode}\n"
-        f"default_pool_size = {pool_size}\n"
-        "max_client_conn = 100\n"
-        "ignore_startup_parameters = extra_float_digits,options\n"
-        f"logfile = {base / 'pgbouncer.log'}\n"
-    )
-    command = [binary, str(base / "pgbouncer.ini")]
-    if os.geteuid() == 0:  # pgbouncer refuses to run as root
-        account = unprivileged_user()
-        os.chown(base, account.pw_uid, account.pw_gid)
-        for path in base.iterdir():
-            os.chown(path, account.pw_uid, account.pw_gid)
-        command = [
-            "setpriv",
-            f"--reuid={account.pw_uid}",
-            f"--regid={account.pw_gid}",
-            "--clear-groups",
-            *command,
-        ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        secret = unquote(server.password or "").replace("\\", "\\\\").replace("'", "\\'")
+        password = f" password='{secret}'" if secret else ""
+        # auth_type=any: clients are not checked; every server connection logs in as `user`.
+        (base / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={server.hostname or '127.0.0.1'} port={server.port or 5432} user={user}{password}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = any\n"
+            f"pool_mode = {pool_mode}\n"
+            f"default_pool_size = {pool_size}\n"
+            "max_client_conn = 100\n"
+            "ignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {base / 'pgbouncer.log'}\n"
+        )
+        command = [binary, str(base / "pgbouncer.ini")]
+        if os.geteuid() == 0:  # pgbouncer refuses to run as root
+            account = unprivileged_user()
+            os.chown(base, account.pw_uid, account.pw_gid)
+            for path in base.iterdir():
+                os.chown(path, account.pw_uid, account.pw_gid)
+            command = [
+                "setpriv",
+                f"--reuid={account.pw_uid}",
+                f"--regid={account.pw_gid}",
+                "--clear-groups",
+                *command,
+            ]
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    except BaseException:
+        shutil.rmtree(base, ignore_errors=True)
+        raise
     bouncer = PrivateBouncer(base=base, port=port, server_user=user, process=process)
     try:
         _wait_until_accepting(bouncer)

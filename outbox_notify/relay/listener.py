@@ -64,7 +64,7 @@ class Listener:
         self.holds_lock = False
 
     def connect(self) -> None:
-        """Open the connection and LISTEN on the outbox channel."""
+        """Open the connection; `listen()` starts listening once `probe()` says it works."""
         self.close()
         with translated("connecting the LISTEN connection"):
             options: dict[str, Any] = {**KEEPALIVES, "connect_timeout": CONNECT_TIMEOUT}
@@ -76,11 +76,20 @@ class Listener:
                     **{**options, **self.params, **{"application_name": LISTEN_APPLICATION_NAME}},
                     autocommit=True,
                 )
-            conn.execute(self.queries["listen"])
-            conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
         self.conn = conn
         self.holds_lock = False
         self.bounded = conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE
+
+    def listen(self) -> None:
+        """LISTEN on the outbox channel and set the session's lock timeout for take_lock().
+
+        Only after a successful probe: behind a transaction pooler this session state would
+        stay on whichever server connection the pooler picked, for other clients to inherit.
+        """
+        conn = self._connection()
+        with translated("starting to LISTEN"):
+            conn.execute(self.queries["listen"])
+            conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
 
     def close(self) -> None:
         """Close the connection (the server drops our lock and LISTEN with it)."""
@@ -110,11 +119,15 @@ class Listener:
         with translated("probing LISTEN/NOTIFY"):
             conn.execute(self.queries["listen_probe"])
         send(payload)
+        received = False
+        deadline = time.monotonic() + PROBE_TIMEOUT
         with translated("probing LISTEN/NOTIFY"):
-            received = any(
-                n.channel == PROBE_CHANNEL and n.payload == payload
-                for n in conn.notifies(timeout=PROBE_TIMEOUT, stop_after=1)
-            )
+            # Other relays' probes may arrive first: wait for ours until the deadline.
+            while not received and (remaining := deadline - time.monotonic()) > 0:
+                received = any(
+                    n.channel == PROBE_CHANNEL and n.payload == payload
+                    for n in conn.notifies(timeout=remaining, stop_after=1)
+                )
             conn.execute(self.queries["unlisten_probe"])
         return received
 

@@ -121,14 +121,16 @@ class Relay:
         if self.listener is not None and not self.config.poll_only:
             self.listener.connect()
             if self.listener.probe(self.store.send_probe):
+                self.listener.listen()
                 self.polling = False
             else:
                 self.polling = True
                 self.listener.close()  # useless for wake-ups, and it would sit idle
                 log.warning(
                     "outbox.listen_unavailable",
-                    reason="a notification sent on the LISTEN connection never came back "
-                    "(a transaction-pooling PgBouncer?); polling every sweep interval instead",
+                    reason="a notification sent from the claim connection never reached the "
+                    "LISTEN connection (a transaction-pooling PgBouncer, or a LISTEN DSN for "
+                    "another database?); polling every sweep interval instead",
                     sweep_interval=self.config.sweep_interval,
                 )
         self.connected = True

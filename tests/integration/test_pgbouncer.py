@@ -91,12 +91,12 @@ def _enqueue_through(env: dict[str, Any], count: int) -> list[str]:
 
 
 def test_relay_behind_a_transaction_pooler_falls_back_to_polling(
+    transaction_pooler: pgbouncer.PrivateBouncer,  # first: torn down after the relays
     start_relay: Any,
     redis_queue: RedisQueue,
     relay_env: dict[str, Any],
-    transaction_pooler: pgbouncer.PrivateBouncer,
 ) -> None:
-    """Without a LISTEN DSN the self-probe notices the pooler; polling still publishes it all."""
+    """Without a LISTEN DSN the probe notices the pooler; polling still publishes it all."""
     env = _pooled_env(relay_env, transaction_pooler)
     relay = start_relay("--sweep-interval", "0.5", env=env)
     wait_for(
@@ -117,11 +117,11 @@ def test_relay_behind_a_transaction_pooler_falls_back_to_polling(
 
 
 def test_listen_dsn_keeps_the_relay_event_driven_behind_a_pooler(
+    transaction_pooler: pgbouncer.PrivateBouncer,  # first: torn down after the relays
+    session_pooler: pgbouncer.PrivateBouncer,
     start_relay: Any,
     redis_queue: RedisQueue,
     relay_env: dict[str, Any],
-    transaction_pooler: pgbouncer.PrivateBouncer,
-    session_pooler: pgbouncer.PrivateBouncer,
 ) -> None:
     """Claims through the transaction pool, LISTEN through a session pool: woken by NOTIFY."""
     env = _pooled_env(relay_env, transaction_pooler)

@@ -9,9 +9,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME, LISTEN_APPLICATION_NAME
+from outbox_notify.relay.store import connection_kwargs
 from tests.integration.test_relay import ready
 from tests.relay_support import RedisQueue, wait_for
 
@@ -61,13 +62,6 @@ def test_frozen_sleeping_relay_loses_the_wake_lock(
     wait_for(lambda: wake_lock_holders() == 1, what="the lock retaken", context=relay.output)
 
 
-def _connect() -> psycopg.Connection:
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    return psycopg.connect(**params, autocommit=True)
-
-
 def test_an_idle_relay_makes_one_query_per_sweep_interval(
     start_relay: Any, redis_queue: RedisQueue
 ) -> None:
@@ -79,12 +73,14 @@ def test_an_idle_relay_makes_one_query_per_sweep_interval(
     relay = start_relay("--sweep-interval", "0.5")
     ready(relay)
     wait_for(lambda: wake_lock_holders() == 1, what="the relay asleep", context=relay.output)
-    with _connect() as watcher:
+    with psycopg.connect(**connection_kwargs("default"), autocommit=True) as watcher:
         rows = watcher.execute(
-            "SELECT application_name, pid FROM pg_stat_activity WHERE application_name IN (%s, %s)",
+            "SELECT application_name, pid FROM pg_stat_activity"
+            " WHERE application_name IN (%s, %s) AND datname = current_database()",
             (LISTEN_APPLICATION_NAME, CLAIM_APPLICATION_NAME),
         ).fetchall()
         pids = dict(rows)
+        assert len(rows) == 2, rows
         assert set(pids) == {LISTEN_APPLICATION_NAME, CLAIM_APPLICATION_NAME}, rows
         peeks: set[Any] = set()
         others: list[str] = []
