@@ -26,6 +26,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from bench.procs import BenchError
+from devtools.process import stop_process
 
 PRIVATE_OPTIONS = (
     "-c fsync=on -c synchronous_commit=on -c full_page_writes=on -c max_connections=200"
@@ -194,9 +195,4 @@ def broker(log_dir: Path) -> Iterator[Redis]:
         _wait_for_ping(url, proc)
         yield Redis(url=url, private=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

@@ -22,6 +22,7 @@ import redis
 from psycopg import sql
 
 from devtools import pgserver
+from devtools.process import stop_process
 
 DATABASE = "chaos"
 PG_READY_TIMEOUT = 60.0  # seconds
@@ -137,27 +138,15 @@ class PrivateRedis:
         the fault under test is the relay's view (nothing answers for a while), not a broker
         that forgets messages it acknowledged.
         """
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=REDIS_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=REDIS_STOP_TIMEOUT)
+        if self.proc is not None:
+            stop_process(self.proc, REDIS_STOP_TIMEOUT)
 
     def destroy(self) -> None:
         """Stop the server (without saving) and delete its directory."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGCONT)  # a broker frozen by a fault must hear the TERM
-            proc.terminate()
-            try:
-                proc.wait(timeout=REDIS_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=REDIS_STOP_TIMEOUT)
+            stop_process(proc, REDIS_STOP_TIMEOUT)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from devtools import pgserver
+from devtools.process import stop_process
 
 pytest_plugins = ["pytester"]
 
@@ -221,10 +222,5 @@ def start_worker(relay_env: dict[str, Any], tmp_path: Any) -> Iterator[Any]:
 
     yield start
     for proc, log_file in started:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
+        stop_process(proc, timeout=20)
         log_file.close()
