@@ -16,6 +16,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.relay.store import connection_kwargs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: the actions must skip rows a relay holds, which a second connection can
@@ -91,9 +92,7 @@ def viewer() -> Client:
 @pytest.fixture
 def relay_holds() -> Iterator[Any]:
     """Returns a function that locks outbox rows from another session, as a relay's claim does."""
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
+    params = connection_kwargs("default")
     conn = psycopg.connect(**params, autocommit=False)
 
     def hold(row_id: int) -> None:

@@ -20,6 +20,7 @@ from django.test import override_settings
 from outbox_notify import deadletter
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.relay.store import connection_kwargs
 from tests.celery_app import add, app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,9 +90,7 @@ def run(command: str, *args: str) -> tuple[str, str]:
 @pytest.fixture
 def lock_dead_letter() -> Iterator[Any]:
     """Returns a function that locks one dead letter from another session until the test ends."""
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
+    params = connection_kwargs("default")
     conn = psycopg.connect(**params, autocommit=False)
 
     def lock(dead_letter_id: int) -> None:

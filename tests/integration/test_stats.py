@@ -17,6 +17,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 from outbox_notify import stats
+from outbox_notify.relay.store import connection_kwargs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: stats are read by other sessions (a psycopg connection, the relay-like
@@ -56,9 +57,7 @@ def add_dead_letter(task_name: str, retries: int = 5) -> None:
 
 def connect(application_name: str = "tests", autocommit: bool = True) -> psycopg.Connection:
     """A psycopg connection to the test database, as a relay would open one."""
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
+    params = connection_kwargs("default")
     params["application_name"] = application_name
     return psycopg.connect(**params, autocommit=autocommit)
 

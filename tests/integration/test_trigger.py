@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from django.db import connections
+
+from outbox_notify.relay.store import connection_kwargs
 
 CHANNEL = "outbox_notify_v1"
 LOCK = (1869968482, 1)
@@ -22,9 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _connect() -> psycopg.Connection:
-    params = connections["default"].get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
+    params = connection_kwargs("default")
     return psycopg.connect(**params, autocommit=True)
 
 
