@@ -224,3 +224,16 @@ def start_worker(relay_env: dict[str, Any], tmp_path: Any) -> Iterator[Any]:
     for proc, log_file in started:
         stop_process(proc, timeout=20)
         log_file.close()
+
+
+@pytest.fixture
+def private_rabbit() -> Iterator[Any]:
+    """A RabbitMQ node of this test's own, which the test may stop, freeze or alarm."""
+    from devtools import rabbitserver
+
+    if not rabbitserver.installed():
+        if IN_CI:
+            pytest.fail("rabbitmq-server is not installed; CI requires it")
+        pytest.skip("rabbitmq-server is not installed")
+    with rabbitserver.running() as node:
+        yield node
