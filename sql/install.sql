@@ -1,10 +1,14 @@
--- outbox-notify schema, version 1.
+-- outbox-notify: the current schema in one file, for psql users.
 --
 -- Apply with:  psql -v ON_ERROR_STOP=1 -f sql/install.sql
 -- Remove with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
+-- Then record it in Django's migration table: manage.py migrate outbox_notify <last> --fake,
+-- naming the last migration of sql/migrations/ (docs/install.md).
 --
--- The Django migration `outbox_notify.0001_initial` runs exactly this file, so a database
--- set up by hand and one set up by `manage.py migrate` are the same.
+-- The Django migrations do not run this file: each runs its own frozen file in
+-- sql/migrations/, which never changes once released. This file is what applying all of them
+-- in order builds; tests/integration/test_schema.py proves the two databases identical, so
+-- edit this file and add a migration together.
 --
 -- Every object carries the prefix `outbox_notify_`: tables, the function and the trigger end
 -- in `_v1`, and indexes are named after their versioned table. A later schema version adds

@@ -1,4 +1,5 @@
--- Removes everything sql/install.sql created, messages and dead letters included.
+-- Removes everything sql/install.sql created (the current schema), messages and dead letters
+-- included. The migrations' own reverse files are in sql/migrations/.
 --
 -- Apply with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
 

@@ -1,4 +1,8 @@
-"""Creates the outbox tables and the wake-up trigger by running sql/install.sql."""
+"""Schema version 1: the outbox tables and the wake-up trigger (sql/migrations/0001_initial.sql).
+
+Released and frozen: it runs its own SQL files, never the live sql/install.sql, so a later
+schema change cannot rewrite what this migration does (tests/unit/test_schema_history.py).
+"""
 
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             database_operations=[
                 migrations.RunSQL(
-                    sql=sql.read("install.sql"), reverse_sql=sql.read("uninstall.sql")
+                    sql=sql.read("migrations/0001_initial.sql"),
+                    reverse_sql=sql.read("migrations/0001_initial.reverse.sql"),
                 ),
             ],
             state_operations=[

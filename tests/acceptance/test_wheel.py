@@ -21,7 +21,14 @@ import pytest
 from psycopg import sql as pgsql
 
 REPO = Path(__file__).resolve().parents[2]
-SQL_FILES = ("install.sql", "uninstall.sql", "queries.sql")
+SQL_FILES = (
+    "install.sql",
+    "uninstall.sql",
+    "queries.sql",
+    "relay_role.sql",
+    "migrations/0001_initial.sql",
+    "migrations/0001_initial.reverse.sql",
+)
 CHANNEL = "outbox_notify_v1"
 LOCK = (1869968482, 1)
 INSERT = (

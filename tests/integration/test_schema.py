@@ -28,6 +28,8 @@ from outbox_notify.models import DeadLetter, OutboxMessage
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SQL = REPO / "sql" / "install.sql"
+UNINSTALL_SQL = REPO / "sql" / "uninstall.sql"
+RELAY_ROLE_SQL = REPO / "sql" / "relay_role.sql"
 PREFIX = "outbox_notify_"
 VERSION = "_v1"
 SUBPROCESS_TIMEOUT = 120.0  # seconds; a migrate takes about one
@@ -37,41 +39,74 @@ CREATE_DATABASE = "CREATE DATABASE {} TEMPLATE template0 ENCODING 'UTF8' LOCALE 
 
 Catalogue = dict[str, list[tuple[Any, ...]]]
 
-# `_` is a LIKE wildcard: escape it, or `outbox_notify_%` would also match `outboxXnotify...`.
-_LIKE_PREFIX = PREFIX.replace("_", r"\_") + "%"
-
+# Everything in the schema except Django's own bookkeeping (django_migrations, its sequence,
+# key and indexes), so an object a migration creates without our prefix is caught too.
 _CATALOGUE_QUERIES = {
-    "columns": """
-        SELECT table_name::text, column_name::text, ordinal_position::int, data_type::text,
-               is_nullable::text, column_default::text, is_identity::text,
-               identity_generation::text
-        FROM information_schema.columns
-        WHERE table_schema = 'public' AND table_name LIKE %(prefix)s
-        ORDER BY table_name, ordinal_position
+    "relations": r"""
+        SELECT c.relname::text, c.relkind::text, c.relpersistence::text,
+               c.reloptions::text, c.relacl::text, obj_description(c.oid, 'pg_class')
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relname NOT LIKE 'django\_migrations%'
+        ORDER BY c.relname
     """,
-    "constraints": """
+    # The column's rank, not attnum: a column dropped by a migration leaves a gap in attnum.
+    "columns": r"""
+        SELECT c.relname::text,
+               rank() OVER (PARTITION BY c.oid ORDER BY a.attnum)::int AS position,
+               a.attname::text, format_type(a.atttypid, a.atttypmod), a.attnotnull,
+               pg_get_expr(d.adbin, d.adrelid), a.attidentity::text, a.attgenerated::text,
+               co.collname::text, a.attacl::text, col_description(c.oid, a.attnum)
+        FROM pg_attribute a
+        JOIN pg_class c ON c.oid = a.attrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+        LEFT JOIN pg_collation co ON co.oid = a.attcollation AND a.attcollation <> 0
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+          AND a.attnum > 0 AND NOT a.attisdropped AND c.relname NOT LIKE 'django\_migrations%'
+        ORDER BY c.relname, position
+    """,
+    "sequences": r"""
+        SELECT sequencename::text, data_type::text, start_value, min_value, max_value,
+               increment_by, cycle, cache_size
+        FROM pg_sequences
+        WHERE schemaname = 'public' AND sequencename NOT LIKE 'django\_migrations%'
+        ORDER BY sequencename
+    """,
+    "constraints": r"""
         SELECT cl.relname::text, co.conname::text, pg_get_constraintdef(co.oid)
-        FROM pg_constraint co JOIN pg_class cl ON cl.oid = co.conrelid
-        WHERE cl.relname LIKE %(prefix)s
+        FROM pg_constraint co
+        JOIN pg_class cl ON cl.oid = co.conrelid
+        JOIN pg_namespace n ON n.oid = cl.relnamespace
+        WHERE n.nspname = 'public' AND cl.relname NOT LIKE 'django\_migrations%'
         ORDER BY cl.relname, co.conname
     """,
-    "indexes": """
+    "indexes": r"""
         SELECT tablename::text, indexname::text, indexdef
         FROM pg_indexes
-        WHERE schemaname = 'public' AND tablename LIKE %(prefix)s
+        WHERE schemaname = 'public' AND tablename NOT LIKE 'django\_migrations%'
         ORDER BY tablename, indexname
     """,
     "triggers": """
-        SELECT t.tgname::text, pg_get_triggerdef(t.oid), t.tgenabled::text
-        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
-        WHERE NOT t.tgisinternal AND (c.relname LIKE %(prefix)s OR t.tgname LIKE %(prefix)s)
-        ORDER BY tgname
+        SELECT c.relname::text, t.tgname::text, pg_get_triggerdef(t.oid), t.tgenabled::text
+        FROM pg_trigger t
+        JOIN pg_class c ON c.oid = t.tgrelid
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND NOT t.tgisinternal
+        ORDER BY c.relname, t.tgname
     """,
     "functions": """
-        SELECT p.proname::text, pg_get_functiondef(p.oid)
+        SELECT p.proname::text, pg_get_function_identity_arguments(p.oid),
+               pg_get_functiondef(p.oid), p.proacl::text, obj_description(p.oid, 'pg_proc')
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname = 'public' AND p.proname LIKE %(prefix)s
-        ORDER BY p.proname
+        WHERE n.nspname = 'public'
+        ORDER BY p.proname, 2
+    """,
+    "types": """
+        SELECT t.typname::text, t.typtype::text, format_type(t.typbasetype, t.typtypmod)
+        FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        -- Not the row types of tables nor array types: those follow the relations above.
+        WHERE n.nspname = 'public' AND t.typrelid = 0 AND t.typcategory <> 'A'
+        ORDER BY t.typname
     """,
 }
 
@@ -106,8 +141,13 @@ def fresh_database(pg_server_url: str) -> Iterator[Callable[[], str]]:
 
 def _psql_install(server_url: str, dbname: str) -> None:
     """`psql -f sql/install.sql` against `dbname`, as a DBA would."""
+    _psql_file(server_url, dbname, INSTALL_SQL)
+
+
+def _psql_file(server_url: str, dbname: str, path: Path) -> None:
+    """`psql -f path` against `dbname`, stopping at the first error."""
     conninfo = make_conninfo(server_url, dbname=dbname)
-    argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f", str(INSTALL_SQL)]
+    argv = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", conninfo, "-f", str(path)]
     result = subprocess.run(
         argv, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT, check=False
     )
@@ -136,12 +176,9 @@ def _migrate(server_url: str, dbname: str, *target: str) -> None:
 
 
 def _catalogue(server_url: str, dbname: str) -> Catalogue:
-    """Columns, constraints, indexes, triggers and functions whose names are ours."""
+    """Relations, columns, sequences, constraints, indexes, triggers, functions, types, grants."""
     with _connect(server_url, dbname) as conn:
-        return {
-            kind: conn.execute(query, {"prefix": _LIKE_PREFIX}).fetchall()
-            for kind, query in _CATALOGUE_QUERIES.items()
-        }
+        return {kind: conn.execute(query).fetchall() for kind, query in _CATALOGUE_QUERIES.items()}
 
 
 def _names(rows: list[tuple[Any, ...]], column: int = 0) -> set[str]:
@@ -160,17 +197,33 @@ def test_models_need_no_new_migration() -> None:
 def test_migrate_builds_exactly_the_schema_of_install_sql(
     pg_server_url: str, fresh_database: Callable[[], str]
 ) -> None:
-    """`migrate` and `psql -f sql/install.sql` give identical tables, indexes, triggers, functions."""
+    """`migrate` (every frozen migration) and `psql -f sql/install.sql` build the same schema."""
+    # The same catalogue on both sides: relations, columns with types and defaults, sequences,
+    # constraints, indexes, triggers, functions, and the grants relay_role.sql makes on them.
     by_psql, by_migrate = fresh_database(), fresh_database()
     _psql_install(pg_server_url, by_psql)
     _migrate(pg_server_url, by_migrate)
+    for dbname in (by_psql, by_migrate):
+        _psql_file(pg_server_url, dbname, RELAY_ROLE_SQL)
     expected = _catalogue(pg_server_url, by_psql)
     assert _names(expected["columns"]) == {
         "outbox_notify_message_v1",
         "outbox_notify_dead_letter_v1",
     }
-    assert _names(expected["triggers"]) == {"outbox_notify_wake_v1"}
+    assert _names(expected["triggers"], 1) == {"outbox_notify_wake_v1"}
+    assert "outbox_notify_relay" in str(expected["relations"])
     assert _catalogue(pg_server_url, by_migrate) == expected
+
+
+def test_uninstall_sql_removes_everything_install_sql_creates(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """`psql -f sql/uninstall.sql` after install.sql leaves no table, function, trigger or type."""
+    dbname = fresh_database()
+    _psql_install(pg_server_url, dbname)
+    assert _catalogue(pg_server_url, dbname)["relations"] != []
+    _psql_file(pg_server_url, dbname, UNINSTALL_SQL)
+    assert _catalogue(pg_server_url, dbname) == {kind: [] for kind in _CATALOGUE_QUERIES}
 
 
 def _table_columns(server_url: str, dbname: str, table: str) -> dict[str, bool]:

@@ -1,0 +1,101 @@
+"""The schema history is frozen: released migration files never change, and each runs its own.
+
+Adding a schema version (docs/install.md): write `sql/migrations/NNNN_name.sql` and
+`NNNN_name.reverse.sql`, a Django migration `NNNN_name` that runs them, fold the change into
+`sql/install.sql` and `sql/uninstall.sql`, and add the new files' checksums to RELEASED below.
+While the migration is only under `## [Unreleased]` in the changelog its checksums may still
+change; once a release ships it, never.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from django.db import migrations
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.operations.base import Operation
+
+from outbox_notify import sql
+
+REPO = Path(__file__).resolve().parents[2]
+SQL_MIGRATIONS = REPO / "sql" / "migrations"
+DJANGO_MIGRATIONS = REPO / "outbox_notify" / "migrations"
+
+# sha256 of every released schema file, by path from the repository root.
+RELEASED = {
+    "sql/migrations/0001_initial.sql": "b8e9148c43f7bf350e7c4b38d8bc847a2d301744d09b791ea97dfba049541b74",
+    "sql/migrations/0001_initial.reverse.sql": "1a8ec34a3e448b8a16f389cf7aaa1e17aca27f4f6af0e58f6709aac3bb5b511b",
+    "outbox_notify/migrations/0001_initial.py": "c4e53433b746550222622470e6806fcab928c14b72139c1902980b93fb702290",
+}
+
+EDITED = (
+    "{path} differs from the released file (sha256 {actual}, released {expected}). A released "
+    "migration is never edited: databases that already applied it would never see the change, "
+    "and databases migrated later would differ from them. Restore the file (git checkout) and "
+    "put the change in a new migration; see 'Adding a schema version' in docs/install.md."
+)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _schema_files() -> set[str]:
+    sql_files = SQL_MIGRATIONS.glob("*.sql")
+    django_files = DJANGO_MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.py")
+    return {str(p.relative_to(REPO)) for p in (*sql_files, *django_files)}
+
+
+@pytest.mark.parametrize("path", sorted(RELEASED))
+def test_released_schema_file_is_unchanged(path: str) -> None:
+    """Each released migration file still has the checksum it was released with."""
+    actual = _sha256(REPO / path)
+    expected = RELEASED[path]
+    assert actual == expected, EDITED.format(path=path, actual=actual, expected=expected)
+
+
+def test_every_migration_file_is_registered() -> None:
+    """Every migration file in the repository has its checksum in RELEASED, and none is gone."""
+    missing = sorted(_schema_files() - set(RELEASED))
+    gone = sorted(set(RELEASED) - _schema_files())
+    assert missing == [], f"add the sha256 of {missing} to RELEASED in {__file__}"
+    assert gone == [], f"released migration files were deleted: {gone}; restore them"
+
+
+def _database_operations(operations: list[Operation]) -> list[Operation]:
+    """The operations that touch the database, SeparateDatabaseAndState unwrapped."""
+    found: list[Operation] = []
+    for operation in operations:
+        if isinstance(operation, migrations.SeparateDatabaseAndState):
+            found.extend(_database_operations(operation.database_operations))
+        else:
+            found.append(operation)
+    return found
+
+
+def _outbox_migrations() -> dict[str, migrations.Migration]:
+    loader = MigrationLoader(None, load=True)
+    return {
+        name: migration
+        for (app, name), migration in loader.disk_migrations.items()
+        if app == "outbox_notify"
+    }
+
+
+def test_each_migration_runs_only_its_own_frozen_sql() -> None:
+    """Migration NNNN_name changes the database only by running sql/migrations/NNNN_name.sql."""
+    found = _outbox_migrations()
+    assert "0001_initial" in found
+    for name, migration in found.items():
+        operations = _database_operations(list(migration.operations))
+        assert all(isinstance(op, migrations.RunSQL) for op in operations), name
+        run = [op for op in operations if isinstance(op, migrations.RunSQL)]
+        forward = [op.sql for op in run]
+        reverse = [op.reverse_sql for op in run]
+        if (SQL_MIGRATIONS / f"{name}.sql").exists():
+            assert forward == [sql.read(f"migrations/{name}.sql")], name
+            assert reverse == [sql.read(f"migrations/{name}.reverse.sql")], name
+        else:
+            assert forward == [], f"{name} runs SQL that is not in sql/migrations/{name}.sql"
