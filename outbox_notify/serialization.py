@@ -18,8 +18,9 @@ from kombu.utils import json as kombu_json
 
 from outbox_notify.exceptions import SerializationError, UndecodableMessage
 
-# The layout of `options` the write side produces and the relay reads. A relay leaves rows of
-# a newer version alone (a newer relay will publish them).
+# The layout of `options` the write side produces, and the newest the relay reads: it has a
+# decoder for every version up to this one (relay/messages.py DECODERS) and leaves rows of a
+# newer version alone (a newer relay will publish them).
 SCHEMA_VERSION = 1
 
 # kombu.Producer.publish keywords that are not message properties. retry/retry_policy and

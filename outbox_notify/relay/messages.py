@@ -1,9 +1,17 @@
-"""Turns a claimed row into the exact message Celery would have published."""
+"""Turns a claimed row into the exact message Celery would have published.
+
+Each `schema_version` a release has ever written has its own decoder in DECODERS, and keeps it:
+rows written by an older release (still in the outbox during an upgrade, or requeued from the
+dead letters) are published by this relay as they were meant. Rows of a version newer than
+SCHEMA_VERSION never get here: the claim queries skip them, leaving them for a newer relay.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from kombu.utils import json as kombu_json
@@ -12,7 +20,6 @@ from outbox_notify.exceptions import UndecodableMessage
 from outbox_notify.relay import fastjson
 from outbox_notify.relay.store import ClaimedRow
 from outbox_notify.serialization import (
-    SCHEMA_VERSION,
     PublishSpec,
     decode_options,
     expiration_seconds,
@@ -69,10 +76,8 @@ def _headers(spec: PublishSpec, context: dict[str, Any]) -> dict[str, Any]:
     return headers
 
 
-def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
-    """Build the message for one row; UndecodableMessage when the row is unusable."""
-    if row.schema_version != SCHEMA_VERSION:
-        raise UndecodableMessage(f"unknown schema_version {row.schema_version}")
+def _decode_v1(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Schema version 1: `options` is serialization.build_row's layout, args/kwargs kombu JSON."""
     options = _decode_json(row.options, "options")
     if not isinstance(options, dict):
         raise UndecodableMessage("options is not a JSON object")
@@ -92,3 +97,20 @@ def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
         plain=TYPE_TAG not in row.options,
         log_context=dict(context.get("structlog") or {}) if isinstance(context, dict) else {},
     )
+
+
+Decoder = Callable[[ClaimedRow, dt.datetime], OutgoingMessage]
+
+# One decoder per schema_version ever released, never removed (docs/install.md, "Adding a
+# schema version"); tests/integration/test_schema_versions.py publishes a frozen row of each.
+DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1})
+
+
+def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Build the message for one row; UndecodableMessage when the row is unusable."""
+    decoder = DECODERS.get(row.schema_version)
+    if decoder is None:
+        # Newer versions are never claimed, so this is a version no release wrote (0, -1, a
+        # hand-made row): retrying cannot help.
+        raise UndecodableMessage(f"unknown schema_version {row.schema_version}")
+    return decoder(row, now)

@@ -1,4 +1,4 @@
-"""The schema history is frozen: released migration files never change, and each runs its own.
+"""The schema history is frozen: released migration files and row fixtures never change.
 
 Adding a schema version (docs/install.md): write `sql/migrations/NNNN_name.sql` and
 `NNNN_name.reverse.sql`, a Django migration `NNNN_name` that runs them, fold the change into
@@ -22,11 +22,13 @@ from outbox_notify import sql
 REPO = Path(__file__).resolve().parents[2]
 SQL_MIGRATIONS = REPO / "sql" / "migrations"
 DJANGO_MIGRATIONS = REPO / "outbox_notify" / "migrations"
+ROW_FIXTURES = REPO / "tests" / "schema_rows"  # rows as each schema_version's writer stored them
 
 # sha256 of every released schema file, by path from the repository root.
 RELEASED = {
     "sql/migrations/0001_initial.sql": "b8e9148c43f7bf350e7c4b38d8bc847a2d301744d09b791ea97dfba049541b74",
     "sql/migrations/0001_initial.reverse.sql": "1a8ec34a3e448b8a16f389cf7aaa1e17aca27f4f6af0e58f6709aac3bb5b511b",
+    "tests/schema_rows/v1.json": "26d7e1e45498fdafc2be345f192c017b5eda8257558a73bfce226a2534e02fc1",
     "outbox_notify/migrations/0001_initial.py": "c4e53433b746550222622470e6806fcab928c14b72139c1902980b93fb702290",
 }
 
@@ -45,7 +47,8 @@ def _sha256(path: Path) -> str:
 def _schema_files() -> set[str]:
     sql_files = SQL_MIGRATIONS.glob("*.sql")
     django_files = DJANGO_MIGRATIONS.glob("[0-9][0-9][0-9][0-9]_*.py")
-    return {str(p.relative_to(REPO)) for p in (*sql_files, *django_files)}
+    row_fixtures = ROW_FIXTURES.glob("v*.json")
+    return {str(p.relative_to(REPO)) for p in (*sql_files, *django_files, *row_fixtures)}
 
 
 @pytest.mark.parametrize("path", sorted(RELEASED))
@@ -60,7 +63,8 @@ def test_every_migration_file_is_registered() -> None:
     """Every migration file in the repository has its checksum in RELEASED, and none is gone."""
     missing = sorted(_schema_files() - set(RELEASED))
     gone = sorted(set(RELEASED) - _schema_files())
-    assert missing == [], f"add the sha256 of {missing} to RELEASED in {__file__}"
+    checksums = {path: _sha256(REPO / path) for path in missing}
+    assert missing == [], f"add these new files to RELEASED in {__file__}: {checksums}"
     assert gone == [], f"released migration files were deleted: {gone}; restore them"
 
 

@@ -1,0 +1,157 @@
+"""Writes the row fixture of the current schema_version: rows as this release's writer stores them.
+
+Run once when a schema version is added (docs/install.md, "Adding a schema version"), against
+a database where the outbox tables exist, and commit the output as `vN.json`. The fixture of a
+released version is frozen: tests/integration/test_schema_versions.py publishes every fixture
+with the current relay, so each older version's rows stay publishable.
+
+    DJANGO_SETTINGS_MODULE=tests.settings OUTBOX_TEST_DB_NAME=dbname \\
+        OUTBOX_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
+        .venv/bin/python -m tests.schema_rows.capture > tests/schema_rows/v1.json
+
+Each sample pairs a call with what the worker must receive for it; the queue is the
+placeholder QUEUE, which the test replaces with a queue of its own. Nothing is committed: the
+rows are read back inside a transaction that is rolled back.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import sys
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+QUEUE = "__QUEUE__"
+WHEN = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+NEVER = dt.datetime(2099, 12, 31, 0, 0, tzinfo=dt.UTC)
+
+
+class _Rollback(Exception):
+    """Ends the capture transaction without committing anything."""
+
+
+def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
+    import structlog
+    from celery import chain
+
+    from tests.celery_app import add, fail, record
+
+    def context_call() -> Any:
+        import sentry_sdk
+
+        # An active client (that never sends) makes the writer store the trace headers.
+        sentry_sdk.init(
+            dsn="https://public@sentry.invalid/1",
+            default_integrations=False,
+            auto_enabling_integrations=False,
+        )
+        try:
+            with structlog.contextvars.bound_contextvars(request_id="req-1"):
+                return add.apply_async((4, 4), queue=QUEUE)
+        finally:
+            sentry_sdk.init()
+
+    tagged_args = [WHEN, uuid.UUID(int=7), decimal.Decimal("1.50")]
+    return [
+        ("plain", lambda: add.apply_async((2, 3), queue=QUEUE), {"args": [2, 3], "kwargs": {}}),
+        (
+            "scheduled",
+            lambda: add.apply_async(
+                (1,),
+                {"y": 2},
+                queue=QUEUE,
+                eta=WHEN,
+                expires=NEVER,
+                headers={"x-tenant": "acme"},
+                time_limit=30,
+                soft_time_limit=20,
+                shadow="tests.add-shadow",
+                ignore_result=True,
+            ),
+            {
+                "args": [1],
+                "kwargs": {"y": 2},
+                "headers": {
+                    "eta": WHEN.isoformat(),
+                    "expires": NEVER.isoformat(),
+                    "x-tenant": "acme",
+                    "timelimit": [30, 20],
+                    "shadow": "tests.add-shadow",
+                    "ignore_result": True,
+                },
+            },
+        ),
+        (
+            "linked",
+            lambda: add.apply_async((1, 1), queue=QUEUE, link=record.s(), link_error=fail.s()),
+            {
+                "args": [1, 1],
+                "kwargs": {},
+                "embed_tasks": {"callbacks": ["tests.record"], "errbacks": ["tests.fail"]},
+            },
+        ),
+        (
+            "chain",
+            # The result is the last task's; the row written is the first one's.
+            lambda: chain(add.s(1, 1), record.s()).apply_async(queue=QUEUE).parent,
+            {"args": [1, 1], "kwargs": {}, "embed_tasks": {"chain": ["tests.record"]}},
+        ),
+        (
+            "tagged",
+            lambda: record.apply_async(tagged_args, {"when": WHEN}, queue=QUEUE),
+            {"args": tagged_args, "kwargs": {"when": WHEN}},
+        ),
+        ("context", context_call, {"args": [4, 4], "kwargs": {}}),
+    ]
+
+
+def _read_row(task_id: str) -> dict[str, Any]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT task_id, task_name, args::text, kwargs::text, options::text, context::text,"
+            " schema_version FROM outbox_notify_message_v1 WHERE task_id = %s",
+            [task_id],
+        )
+        values = cursor.fetchone()
+    names = ["task_id", "task_name", "args", "kwargs", "options", "context", "schema_version"]
+    return dict(zip(names, values, strict=True))
+
+
+def capture() -> dict[str, Any]:
+    """The fixture: the schema version and each sample's stored columns and expectation."""
+    from django.db import transaction
+    from kombu.utils import json as kombu_json
+
+    from outbox_notify.serialization import SCHEMA_VERSION
+
+    rows: list[dict[str, Any]] = []
+    try:
+        with transaction.atomic():
+            for name, call, wanted in _samples():
+                row = _read_row(call().id)
+                # The trace headers the writer captured must reach the worker as headers.
+                sentry = json.loads(row["context"]).get("sentry", {})
+                expect = {**wanted, "headers": {**wanted.get("headers", {}), **sentry}}
+                rows.append({"name": name, "columns": row, "expect": expect})
+            raise _Rollback
+    except _Rollback:
+        pass
+    # The expectations go through kombu's encoder so datetimes and UUIDs keep their tags.
+    return {"schema_version": SCHEMA_VERSION, "rows": json.loads(kombu_json.dumps(rows))}
+
+
+def main() -> None:
+    import django
+
+    django.setup()
+    json.dump(capture(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
