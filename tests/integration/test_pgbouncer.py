@@ -152,5 +152,6 @@ def _wake_lock_held_by_listen_connection() -> bool:
             "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid)"
             " WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 1"
             " AND l.objsubid = 2 AND l.granted AND l.mode = 'ExclusiveLock'"
+            " AND a.datname = current_database()"
         )
         return [row[0] for row in cursor.fetchall()] == [LISTEN_APPLICATION_NAME]

@@ -108,6 +108,7 @@ def test_poll_only_relay_publishes_on_its_sweep(start_relay: Any, redis_queue: R
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox_notify.listen'"
+            " AND datname = current_database()"
         )
         assert cursor.fetchone()[0] == 0
 

@@ -23,7 +23,9 @@ def backends(application_name: str) -> list[int]:
     """PIDs of the server backends of relay connections with this application_name."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [application_name]
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
+            [application_name],
         )
         return [row[0] for row in cursor.fetchall()]
 

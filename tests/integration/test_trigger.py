@@ -77,7 +77,8 @@ def _wait_until_queued(conn: psycopg.Connection) -> None:
     for _ in range(200):
         waiting = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            " AND classid = %s AND objid = %s",
+            " AND classid = %s AND objid = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             LOCK,
         ).fetchone()
         if waiting and waiting[0]:

@@ -25,6 +25,7 @@ def wake_lock_holders() -> int:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1869968482"
             " AND objid = 1 AND objsubid = 2 AND granted AND mode = 'ExclusiveLock'"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         return int(cursor.fetchone()[0])
 
@@ -92,7 +93,8 @@ def test_an_idle_relay_makes_one_query_per_sweep_interval(
                 "SELECT a.pid, a.query_start, a.state_change, a.query,"
                 " (SELECT l.pid FROM pg_locks l WHERE l.locktype = 'advisory'"
                 "  AND l.classid = 1869968482 AND l.objid = 1 AND l.objsubid = 2"
-                "  AND l.granted AND l.mode = 'ExclusiveLock')"
+                "  AND l.granted AND l.mode = 'ExclusiveLock'"
+                "  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))"
                 " FROM pg_stat_activity a WHERE a.pid = ANY(%s)",
                 (list(pids.values()),),
             ).fetchall()
