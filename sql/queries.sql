@@ -122,4 +122,7 @@ SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0'
 SELECT coalesce(bool_or(mode = 'ExclusiveLock'), false) AS relay_sleeping
 FROM pg_locks
 WHERE locktype = 'advisory' AND classid = 1869968482 AND objid = 1 AND objsubid = 2
-  AND granted;
+  AND granted
+  -- Advisory locks belong to one database: a relay of another database on the same cluster
+  -- is not a peer.
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
