@@ -226,8 +226,9 @@ _SCALARS = (int, float, bool)
 def _scalar_repr(value: Any) -> str | None:
     kind = type(value)
     if kind is str:
+        text: str = value
         # saferepr quotes text with single quotes and escapes only those (not repr()).
-        return "'" + value.replace("'", "\\'") + "'"
+        return "'" + text.replace("'", "\\'") + "'"
     if kind in _SCALARS:
         return str(value)
     if value is None:
