@@ -10,7 +10,7 @@ from typing import Any
 import celery
 from celery.result import AsyncResult
 
-from outbox_notify import bulk, context, serialization, templates, writeconf
+from outbox_notify import batching, context, serialization, templates, writeconf
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -75,7 +75,7 @@ class OutboxCelery(celery.Celery):
         def skip_while_recording(producer: Any, task_id: str) -> Any:
             # Result backends (Redis) subscribe to the result when a task is sent. At enqueue
             # nothing may touch the network; AsyncResult.get() subscribes when it waits.
-            if isinstance(producer, RecordingProducer | bulk.GroupProducer):
+            if isinstance(producer, RecordingProducer | batching.GroupProducer):
                 return None
             return on_task_call(producer, task_id)
 
@@ -84,7 +84,7 @@ class OutboxCelery(celery.Celery):
             # is the network, inside the caller's transaction, and it would outlive a
             # rollback. The barrier only serves GroupResult.then(), which needs a running
             # result drainer; get()/join() ask the backend themselves.
-            if bulk.active() is not None:
+            if batching.active() is not None:
                 return None
             return add_pending_result(result, *args, **kwargs)  # type: ignore[misc]
 
@@ -101,7 +101,7 @@ class OutboxCelery(celery.Celery):
         """
         if producer is not None or self.conf.task_always_eager:
             return super().producer_or_acquire(producer)
-        return bulk.for_group(self)
+        return batching.for_group(self)
 
     # Celery's keyword arguments all pass through **options to Celery's own send_task.
     def send_task(  # type: ignore[override]
@@ -110,10 +110,10 @@ class OutboxCelery(celery.Celery):
         settings = writeconf.current()
         if name in settings.exclude_tasks:
             for key in ("producer", "publisher"):
-                if isinstance(options.get(key), bulk.GroupProducer):
+                if isinstance(options.get(key), batching.GroupProducer):
                     del options[key]
             return super().send_task(name, args, kwargs, **options)
-        collector = bulk.active()
+        collector = batching.active()
         if collector is not None:
             call = templates.Call(app=self, name=name, args=args, kwargs=kwargs, options=options)
             fast: AsyncResult[Any] | None = collector.enqueue(call, settings)
@@ -172,3 +172,31 @@ class OutboxCelery(celery.Celery):
         )
         serialization.validate_row(row)
         return row
+
+
+def check_task_protocol(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """System check outbox_notify.E010: every OutboxCelery app uses task protocol 2.
+
+    Protocol 1 messages cannot be stored (the relay rebuilds protocol 2 bodies); without this
+    check each enqueue would fail with the same ConfigurationError.
+    """
+    from django.core import checks
+
+    from outbox_notify import conf
+
+    apps = set(instances)
+    with contextlib.suppress(ConfigurationError):
+        if conf.celery_app_path():
+            configured = conf.celery_app()
+            if isinstance(configured, OutboxCelery):
+                apps.add(configured)
+    return [
+        checks.Error(
+            f"Celery app {app.main!r} has task_protocol={app.conf.task_protocol}: "
+            + serialization.PROTOCOL_1_MESSAGE,
+            id="outbox_notify.E010",
+            obj=app.main,
+        )
+        for app in sorted(apps, key=lambda a: str(a.main))
+        if app.conf.task_protocol != 2
+    ]

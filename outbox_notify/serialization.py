@@ -66,6 +66,8 @@ class PublishSpec:
     compression: str | None
     delivery_mode: int | None
     declare_json: list[dict[str, Any]]  # queues as stored; kombu objects built on demand
+    # Fields of the `task-sent` event to publish once the task is out (task_send_sent_event).
+    sent_event: dict[str, Any] | None = None
 
     @property
     def declare(self) -> list[Queue]:
@@ -266,6 +268,14 @@ def _declare_list(value: Any) -> list[dict[str, Any]]:
     return queues
 
 
+def _sent_event(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("sent_event must be a JSON object")
+    return value
+
+
 def decode_options(options: Mapping[str, Any]) -> PublishSpec:
     """Decode a row's `options` (schema version 1); UndecodableMessage when it is malformed."""
     try:
@@ -286,6 +296,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             compression=options.get("compression"),
             delivery_mode=options.get("delivery_mode"),
             declare_json=_declare_list(options.get("declare")),
+            sent_event=_sent_event(options.get("sent_event")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc
