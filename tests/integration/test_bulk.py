@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+def copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The size of every COPY the write side runs (one entry per round trip)."""
     sizes: list[int] = []
     real = rows.insert_rows
@@ -32,7 +32,7 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         real(batch, alias, app)
 
     monkeypatch.setattr("outbox_notify.batching.insert_rows", counting)
-    yield sizes
+    return sizes
 
 
 def _options_without(row: OutboxMessage, task_id: str) -> str:
@@ -167,7 +167,8 @@ def test_options_that_differ_per_call_take_celerys_full_path() -> None:
         add.apply_async((1, 1), countdown=60)
         add.apply_async((2, 2), countdown=60)
     etas = [row.options["headers"]["eta"] for row in OutboxMessage.objects.all()]
-    assert all(etas) and len(etas) == 2
+    assert all(etas)
+    assert len(etas) == 2
 
 
 def test_bulk_results_are_celerys_async_results() -> None:

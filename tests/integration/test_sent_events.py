@@ -84,5 +84,6 @@ def test_the_relay_publishes_task_sent_through_the_apps_event_exchange(amqp_url:
         "tests.evented",
         "outbox-events-tests",
     )
-    assert event["hostname"] and event["timestamp"]
+    assert event["hostname"]
+    assert event["timestamp"]
     assert OutboxMessage.objects.count() == 0
