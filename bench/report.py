@@ -6,7 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import headline, tables
+from bench import enqueue, headline, tables
 
 SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, str]], str]], ...] = (
     ("latency", "Latency: commit to broker", tables.latency),
@@ -15,6 +15,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, str]], str]]
     ("idle", "Idle cost", tables.idle),
     ("crash", "Crash recovery", tables.crash),
     ("enqueue", "Enqueue cost", tables.enqueue),
+    ("delay", "One delay(): ours, the peer and a plain Celery publish", enqueue.table),
     ("ceiling", "Ceiling: publishing to Redis without a database", tables.ceiling),
     ("profile", "Where our relay's time goes (py-spy, drain of one relay)", tables.profile),
 )

@@ -32,7 +32,7 @@ from bench import venv
 RESULTS = venv.ROOT / "bench" / "results"
 DOCS = venv.ROOT / "docs" / "benchmarks.md"
 IMAGES = venv.ROOT / "docs" / "img"
-SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "ceiling")
+SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -201,6 +201,7 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
         "writers": _writers,
         "idle": idle.run,
         "enqueue": micro.enqueue,
+        "delay": _delay,
         "ceiling": micro.ceiling,
     }
     results: dict[str, Any] = {}
@@ -220,6 +221,12 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
         else:
             results["crash"] = joined
     return results
+
+
+def _delay(world: Any) -> Any:
+    from bench import enqueue
+
+    return enqueue.run(world)
 
 
 def _writers(world: Any) -> Any:

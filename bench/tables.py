@@ -382,6 +382,18 @@ NOTES = {
         "no relay running. With one message per transaction the figure is bound by the commit's "
         "fsync.\n"
     ),
+    "delay": (
+        "\nOne process per Sentry case (`python -m bench.enqueue measure --sentry CASE`), "
+        "rounds rotating the order, best round shown. A `delay()` is timed alone; the last "
+        "column adds the transaction's BEGIN and COMMIT (one fsync), spread over its calls. "
+        "Where the time goes: Celery's own `send_task` (message, routing, `argsrepr`) is "
+        "common to all paths; a plain publish then makes one Redis round trip, we make one "
+        "PostgreSQL round trip whose server side (parse, plan, the statement trigger, WAL, two "
+        "indexes) costs more than an LPUSH. The profile shows the split. `bulk()` pays the "
+        "round trip once per 5,000 rows and skips most of `send_task` for repeated shapes; "
+        "with Sentry initialised its Celery integration adds trace headers to every call, "
+        "which sends each call through Celery's full path.\n"
+    ),
     "ceiling": (
         "\nNo database: how fast Celery messages reach Redis at all from one Python process. "
         "`KombuPublisher` is the relay's general path; the relay itself uses the publisher "

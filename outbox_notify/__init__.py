@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["OutboxCelery"]
+__all__ = ["OutboxCelery", "bulk"]
 __version__ = "0.1.0.dev0"
 
 if TYPE_CHECKING:
     from outbox_notify.app import OutboxCelery
+    from outbox_notify.batching import bulk
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +19,8 @@ def __getattr__(name: str) -> Any:
         from outbox_notify.app import OutboxCelery
 
         return OutboxCelery
+    if name == "bulk":
+        from outbox_notify.batching import bulk
+
+        return bulk
     raise AttributeError(f"module 'outbox_notify' has no attribute {name!r}")

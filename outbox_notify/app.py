@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import functools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import celery
-import structlog
 from celery.result import AsyncResult
-from django.db import connections, transaction
 
-from outbox_notify import conf, context, observability, serialization, signals
-from outbox_notify import sql as sql_files
+from outbox_notify import batching, context, serialization, templates, writeconf
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.serialization import SCHEMA_VERSION
-
-log = structlog.get_logger("outbox_notify")
+from outbox_notify.rows import insert_row
 
 # Producer and connection arguments name a broker path we do not take.
 _BROKER_ARGS = ("producer", "connection", "publisher")
+# Keys of a Celery event that the dispatcher fills in when it publishes; the relay's
+# dispatcher fills them in again when the task is really sent.
+_EVENT_ENVELOPE = frozenset({"type", "hostname", "utcoffset", "pid", "clock", "timestamp"})
+SENT_EVENT_ROUTING_KEY = "task.sent"
+
+# Every OutboxCelery alive in this process, for the start-up check of their configuration.
+instances: weakref.WeakSet[OutboxCelery] = weakref.WeakSet()
 
 
 class _NoConnection:
@@ -40,92 +42,161 @@ class _NoConnection:
 class RecordingProducer:
     """Stands in for a kombu Producer inside Celery's send_task and records the publish."""
 
+    serializer = None  # what Celery's eager path asks of a producer
+
     def __init__(self) -> None:
         self.connection = _NoConnection()
         self.recorded: tuple[Any, dict[str, Any]] | None = None
+        self.sent_event: dict[str, Any] | None = None
 
     def revive(self, channel: Any) -> None:
         """Nothing to revive: there is no channel."""
 
     def publish(self, body: Any, **kwargs: Any) -> None:
-        # Only the task message is kept; a `task-sent` event Celery may publish through the
-        # same producer afterwards is not part of the outbox.
+        """Keep the task message; keep the fields of a `task-sent` event published after it."""
         if self.recorded is None:
             self.recorded = (body, kwargs)
+        elif kwargs.get("routing_key") == SENT_EVENT_ROUTING_KEY and isinstance(body, dict):
+            self.sent_event = {k: v for k, v in body.items() if k not in _EVENT_ENVELOPE}
 
 
 class OutboxCelery(celery.Celery):
     """A Celery app whose send_task writes to the outbox table in the caller's transaction."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        instances.add(self)
+
     def _get_backend(self) -> Any:
         backend = super()._get_backend()  # type: ignore[misc]
         on_task_call = backend.on_task_call
+        add_pending_result = getattr(backend, "add_pending_result", None)
 
         def skip_while_recording(producer: Any, task_id: str) -> Any:
             # Result backends (Redis) subscribe to the result when a task is sent. At enqueue
             # nothing may touch the network; AsyncResult.get() subscribes when it waits.
-            if isinstance(producer, RecordingProducer):
+            if isinstance(producer, RecordingProducer | batching.GroupProducer):
                 return None
             return on_task_call(producer, task_id)
 
+        def skip_while_collecting(result: Any, *args: Any, **kwargs: Any) -> Any:
+            # group() subscribes every member's result for its barrier (`res.then`): that
+            # is the network, inside the caller's transaction, and it would outlive a
+            # rollback. The barrier only serves GroupResult.then(), which needs a running
+            # result drainer; get()/join() ask the backend themselves.
+            if batching.active() is not None:
+                return None
+            return add_pending_result(result, *args, **kwargs)  # type: ignore[misc]
+
         backend.on_task_call = skip_while_recording
+        if add_pending_result is not None:
+            backend.add_pending_result = skip_while_collecting
         return backend
+
+    def producer_or_acquire(self, producer: Any = None) -> Any:
+        """Canvas fan-out (group, chunks, chords' headers) collects its rows and writes them once.
+
+        Celery's group publishes all its members inside one `producer_or_acquire()` block;
+        here that block is a bulk collection, so a group of N tasks is one INSERT.
+        """
+        if producer is not None or self.conf.task_always_eager:
+            return super().producer_or_acquire(producer)
+        return batching.for_group(self)
 
     # Celery's keyword arguments all pass through **options to Celery's own send_task.
     def send_task(  # type: ignore[override]
         self, name: str, args: Any = None, kwargs: Any = None, **options: Any
     ) -> AsyncResult[Any]:
-        if name in conf.exclude_tasks():
+        settings = writeconf.current()
+        if name in settings.exclude_tasks:
+            for key in ("producer", "publisher"):
+                if isinstance(options.get(key), batching.GroupProducer):
+                    del options[key]
             return super().send_task(name, args, kwargs, **options)
-        for key in _BROKER_ARGS:
-            options.pop(key, None)
+        collector = batching.active()
+        if collector is not None:
+            call = templates.Call(app=self, name=name, args=args, kwargs=kwargs, options=options)
+            fast: AsyncResult[Any] | None = collector.enqueue(call, settings)
+            if fast is not None:
+                return fast
+        result, row = self.record(name, args, kwargs, options, settings)
+        if collector is not None:
+            collector.add(row)
+        else:
+            insert_row(row, settings.alias, self)
+        return result
+
+    def record(
+        self,
+        name: str,
+        args: Any,
+        kwargs: Any,
+        options: dict[str, Any],
+        settings: writeconf.WriteSettings,
+    ) -> tuple[AsyncResult[Any], serialization.OutboxRow]:
+        """Let Celery build the message against a recording producer; return it as a row."""
         relative = serialization.relative_times(options)
         for key in ("countdown", "expires"):
             if key in options:
                 options[key] = serialization.seconds(options[key])
+        recorder, result = self.recorded_send(name, args, kwargs, options)
+        return result, self.row_from(recorder, relative, settings)
+
+    def recorded_send(
+        self, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> tuple[RecordingProducer, AsyncResult[Any]]:
+        """Celery's own send_task, publishing into a RecordingProducer."""
+        for key in _BROKER_ARGS:
+            options.pop(key, None)
         recorder = RecordingProducer()
         result = super().send_task(name, args, kwargs, producer=recorder, **options)  # type: ignore[arg-type]
         if recorder.recorded is None:
             raise ConfigurationError(f"Celery did not produce a message for task {name!r}")
+        return recorder, result
+
+    def row_from(
+        self,
+        recorder: RecordingProducer,
+        relative: dict[str, float],
+        settings: writeconf.WriteSettings,
+    ) -> serialization.OutboxRow:
+        """The validated outbox row for what a RecordingProducer recorded."""
+        assert recorder.recorded is not None
         body, publish_kwargs = recorder.recorded
         row = serialization.build_row(
-            body, publish_kwargs, relative=relative, context=context.capture()
+            body,
+            publish_kwargs,
+            relative=relative,
+            context=context.capture(settings.structlog_keys),
+            sent_event=recorder.sent_event,
         )
-        write_row(row)
-        return result
+        serialization.validate_row(row)
+        return row
 
 
-def write_row(row: serialization.OutboxRow) -> None:
-    """Insert one row on the outbox alias, in the caller's transaction when there is one."""
-    alias = conf.database_alias()
-    connection = connections[alias]
-    if not connection.in_atomic_block and connection.get_autocommit():
-        log.warning(
-            "outbox.enqueue_outside_transaction",
-            task_name=row.task_name,
-            task_id=row.task_id,
-            database=alias,
+def check_task_protocol(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """System check outbox_notify.E010: every OutboxCelery app uses task protocol 2.
+
+    Protocol 1 messages cannot be stored (the relay rebuilds protocol 2 bodies); without this
+    check each enqueue would fail with the same ConfigurationError.
+    """
+    from django.core import checks
+
+    from outbox_notify import conf
+
+    apps = set(instances)
+    with contextlib.suppress(ConfigurationError):
+        if conf.celery_app_path():
+            configured = conf.celery_app()
+            if isinstance(configured, OutboxCelery):
+                apps.add(configured)
+    return [
+        checks.Error(
+            f"Celery app {app.main!r} has task_protocol={app.conf.task_protocol}: "
+            + serialization.PROTOCOL_1_MESSAGE,
+            id="outbox_notify.E010",
+            obj=app.main,
         )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql_files.queries()["insert_message"],
-            {
-                "task_id": row.task_id,
-                "task_name": row.task_name,
-                "args": row.args,
-                "kwargs": row.kwargs,
-                "options": row.options,
-                "context": row.context,
-                "schema_version": SCHEMA_VERSION,
-            },
-        )
-    if signals.outbox_message_created.has_listeners():
-        transaction.on_commit(
-            functools.partial(
-                observability.send_signal,
-                signals.outbox_message_created,
-                task_id=row.task_id,
-                task_name=row.task_name,
-            ),
-            using=alias,
-        )
+        for app in sorted(apps, key=lambda a: str(a.main))
+        if app.conf.task_protocol != 2
+    ]

@@ -36,6 +36,9 @@ def register() -> None:
     checks.register(check_settings)
     checks.register(check_database_vendor, checks.Tags.database)
     checks.register(check_schema, checks.Tags.database)
+    from outbox_notify.app import check_task_protocol  # the write side's own check (E010)
+
+    checks.register(check_task_protocol)
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

@@ -1,28 +1,41 @@
-"""Captures the request's structlog and Sentry context at enqueue, for use at publish."""
+"""Captures the request's structlog and Sentry context at enqueue, for use at publish.
+
+This runs on every enqueue, so it decides as little as possible per call: Sentry is looked
+up in `sys.modules` (an SDK nobody imported cannot have been initialised, and a failed
+`import` is not cached by Python, so trying it per call would walk `sys.path` each time).
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import structlog
 
-from outbox_notify import conf
+_get_contextvars = structlog.contextvars.get_contextvars
 
 
-def _structlog_context() -> dict[str, Any]:
-    keys = conf.structlog_context_keys()
+class _FromSettings:
+    """Marks "read OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS" (None already means "all keys")."""
+
+
+_FROM_SETTINGS = _FromSettings()
+
+
+def structlog_context(keys: frozenset[str] | None) -> dict[str, Any]:
+    """The bound structlog contextvars: all of them (keys None), only `keys`, or none."""
     if keys is not None and not keys:
         return {}
-    values = structlog.contextvars.get_contextvars()
-    if keys is None:
-        return dict(values)
+    values = _get_contextvars()
+    if keys is None or not values:
+        return values
     return {k: v for k, v in values.items() if k in keys}
 
 
-def _sentry_context() -> dict[str, str]:
-    try:
-        import sentry_sdk
-    except ImportError:
+def sentry_context() -> dict[str, str]:
+    """The active Sentry trace as `sentry-trace`/`baggage` headers; {} without a client."""
+    sentry_sdk = sys.modules.get("sentry_sdk")
+    if sentry_sdk is None:
         return {}
     # Without a configured client the SDK still invents a trace id; propagating it would
     # only add headers nobody reads.
@@ -39,13 +52,21 @@ def _sentry_context() -> dict[str, str]:
     return headers
 
 
-def capture() -> dict[str, Any]:
-    """The context to store with a new outbox row (only the parts that are non-empty)."""
+def capture(keys: frozenset[str] | _FromSettings | None = _FROM_SETTINGS) -> dict[str, Any]:
+    """The context to store with a new outbox row (only the parts that are non-empty).
+
+    `keys` is OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS; the write side passes the value it read
+    once (see `outbox_notify.writeconf`).
+    """
+    if isinstance(keys, _FromSettings):
+        from outbox_notify import writeconf
+
+        keys = writeconf.current().structlog_keys
     context: dict[str, Any] = {}
-    structlog_values = _structlog_context()
+    structlog_values = structlog_context(keys)
     if structlog_values:
         context["structlog"] = structlog_values
-    sentry = _sentry_context()
+    sentry = sentry_context()
     if sentry:
         context["sentry"] = sentry
     return context

@@ -1,8 +1,15 @@
-"""Django models over the outbox tables that `sql/install.sql` creates."""
+"""Django models over the outbox tables that `sql/install.sql` creates.
+
+The fields a user does not know (schema version, timestamps, counters, context) carry as
+Python defaults what the database defaults, so `objects.create()` with the task's own fields
+works. Python defaults, not `db_default`: Django 4.2 has no `db_default`, and the SQL files
+stay the single source of the database's own defaults.
+"""
 
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
 
 from outbox_notify.fields import JSONTextField
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -20,11 +27,11 @@ class OutboxMessage(models.Model):
     kwargs = JSONTextField()
     options = JSONTextField()
     context = JSONTextField(default=dict)
-    schema_version = models.SmallIntegerField()
+    schema_version = models.SmallIntegerField(default=SCHEMA_VERSION)
     retries = models.IntegerField(default=0)
     retry_after = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(null=True, blank=True)  # noqa: DJ001 - NULL means never failed
-    created_at = models.DateTimeField()
+    created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         db_table = "outbox_notify_message_v1"
@@ -45,11 +52,11 @@ class DeadLetter(models.Model):
     kwargs = JSONTextField()
     options = JSONTextField()
     context = JSONTextField(default=dict)
-    schema_version = models.SmallIntegerField()
-    retries = models.IntegerField()
+    schema_version = models.SmallIntegerField(default=SCHEMA_VERSION)
+    retries = models.IntegerField(default=0)
     failure_reason = models.TextField()
-    created_at = models.DateTimeField()
-    dead_at = models.DateTimeField(db_index=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    dead_at = models.DateTimeField(db_index=True, default=timezone.now)
 
     class Meta:
         db_table = "outbox_notify_dead_letter_v1"

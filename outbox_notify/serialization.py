@@ -16,7 +16,11 @@ from typing import Any
 from kombu import Exchange, Queue, binding
 from kombu.utils import json as kombu_json
 
-from outbox_notify.exceptions import SerializationError, UndecodableMessage
+from outbox_notify.exceptions import (
+    ConfigurationError,
+    SerializationError,
+    UndecodableMessage,
+)
 
 # The layout of `options` the write side produces, and the newest the relay reads: it has a
 # decoder for every version up to this one (relay/messages.py DECODERS) and leaves rows of a
@@ -30,6 +34,10 @@ _PUBLISH_ARGS = frozenset(
 )
 _DROPPED_ARGS = frozenset(
     {"retry", "retry_policy", "timeout", "confirm_timeout", "expiration", "mandatory", "immediate"}
+)
+PROTOCOL_1_MESSAGE = (
+    "outbox-notify stores Celery task protocol 2 messages only: remove task_protocol=1 "
+    "from the Celery configuration (protocol 2 is Celery's default since 4.0)"
 )
 
 
@@ -58,6 +66,8 @@ class PublishSpec:
     compression: str | None
     delivery_mode: int | None
     declare_json: list[dict[str, Any]]  # queues as stored; kombu objects built on demand
+    # Fields of the `task-sent` event to publish once the task is out (task_send_sent_event).
+    sent_event: dict[str, Any] | None = None
 
     @property
     def declare(self) -> list[Queue]:
@@ -66,17 +76,28 @@ class PublishSpec:
         return queues
 
 
+# One encoder each, built once: `kombu_json.dumps(value, allow_nan=False)` builds the same
+# encoder on every call, and the enqueue path encodes three values per task.
+_ENCODER = kombu_json.JSONEncoder(allow_nan=False)
+_CONTEXT_ENCODER = kombu_json.JSONEncoder(default=str)
+
+
 def dumps(value: Any, what: str) -> str:
     """Encode `value` with kombu's JSON encoder, raising SerializationError when it cannot."""
     try:
         # allow_nan=False: NaN and Infinity are not JSON, and PostgreSQL's json type would
         # reject them at INSERT, aborting the caller's transaction instead of failing the call.
-        return kombu_json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError, OverflowError) as exc:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise SerializationError(
             f"{what} cannot be stored in the outbox as JSON: {exc}. Pass JSON-serializable "
             "values (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)."
         ) from exc
+
+
+def dumps_context(context: Mapping[str, Any]) -> str:
+    """Encode the captured context; whatever JSON cannot hold is stored as its str()."""
+    return _CONTEXT_ENCODER.encode(context) if context else "{}"
 
 
 def seconds(value: Any) -> Any:
@@ -107,30 +128,54 @@ def queue_to_json(queue: Queue) -> dict[str, Any]:
     return data
 
 
-def build_row(
-    body: Any,
-    publish_kwargs: Mapping[str, Any],
-    *,
-    relative: Mapping[str, float],
-    context: Mapping[str, Any],
-) -> OutboxRow:
-    """Turn a recorded `Producer.publish(body, **publish_kwargs)` call into outbox columns."""
-    if not isinstance(body, tuple) or len(body) != 3:
-        raise SerializationError(
-            "outbox-notify stores Celery task protocol 2 messages only (task_protocol=2)"
-        )
-    args, kwargs, embed = body
-    headers = dict(publish_kwargs.get("headers") or {})
-    for what in ("id", "task"):
-        if "\x00" in str(headers.get(what, "")):
+_DECLARE_CACHE_SIZE = 256  # distinct declare lists remembered by the write side
+_declare_texts: dict[tuple[int, ...], tuple[tuple[Queue, ...], str]] = {}
+
+
+def declare_text(declare: Any) -> str:
+    """The JSON text of the queues to declare, encoded once per list of Queue objects.
+
+    Celery hands the same Queue objects (from `app.amqp.queues`) to every publish, and
+    turning one into JSON walks its exchange and bindings: worth doing once.
+    """
+    queues = tuple(declare or ())
+    key = tuple(map(id, queues))
+    cached = _declare_texts.get(key)
+    # The objects are kept with the text, so an id reused by a new object cannot match.
+    if cached is not None and all(a is b for a, b in zip(cached[0], queues, strict=True)):
+        return cached[1]
+    text = dumps([queue_to_json(q) for q in queues], "the queues to declare")
+    if len(_declare_texts) >= _DECLARE_CACHE_SIZE:
+        _declare_texts.clear()
+    _declare_texts[key] = (queues, text)
+    return text
+
+
+def validate_row(row: OutboxRow) -> None:
+    """Every check a row passes before it is inserted, single or bulk: the one place for them.
+
+    Raises SerializationError (inside the caller's transaction, before anything is written).
+    """
+    for what, value in (("id", row.task_id), ("name", row.task_name)):
+        if "\x00" in value:
             # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
             raise SerializationError(f"the task {what} contains a NUL character")
+
+
+def options_text(
+    publish_kwargs: Mapping[str, Any],
+    headers: dict[str, Any],
+    embed: Any,
+    relative: Mapping[str, float],
+    sent_event: Mapping[str, Any] | None,
+) -> str:
+    """The `options` column for one recorded publish (see the module docstring)."""
     properties = {
         key: value
         for key, value in publish_kwargs.items()
         if key not in _PUBLISH_ARGS and key not in _DROPPED_ARGS
     }
-    options = {
+    options: dict[str, Any] = {
         "headers": headers,
         "properties": properties,
         "embed": embed,
@@ -139,16 +184,39 @@ def build_row(
         "serializer": publish_kwargs.get("serializer") or "json",
         "compression": publish_kwargs.get("compression"),
         "delivery_mode": publish_kwargs.get("delivery_mode"),
-        "declare": [queue_to_json(q) for q in publish_kwargs.get("declare") or ()],
         "relative": dict(relative),
     }
+    if sent_event:
+        options["sent_event"] = dict(sent_event)
+    text = dumps(options, "task options")
+    # The declare list is spliced in as text encoded once (see declare_text).
+    return f'{text[:-1]}, "declare": {declare_text(publish_kwargs.get("declare"))}}}'
+
+
+def build_row(
+    body: Any,
+    publish_kwargs: Mapping[str, Any],
+    *,
+    relative: Mapping[str, float],
+    context: Mapping[str, Any],
+    sent_event: Mapping[str, Any] | None = None,
+) -> OutboxRow:
+    """Turn a recorded `Producer.publish(body, **publish_kwargs)` call into outbox columns.
+
+    `sent_event` holds the fields of the `task-sent` event Celery would have published with
+    the message (when `task_send_sent_event` is on); the relay publishes it after the task.
+    """
+    if not isinstance(body, tuple) or len(body) != 3:
+        raise ConfigurationError(PROTOCOL_1_MESSAGE)
+    args, kwargs, embed = body
+    headers = publish_kwargs.get("headers") or {}
     return OutboxRow(
         task_id=str(headers["id"]),
         task_name=str(headers["task"]),
-        args=dumps(list(args), "task args"),
-        kwargs=dumps(dict(kwargs), "task kwargs"),
-        options=dumps(options, "task options"),
-        context=kombu_json.dumps(context, default=str),
+        args=dumps(args if type(args) is list else list(args), "task args"),
+        kwargs=dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs"),
+        options=options_text(publish_kwargs, headers, embed, relative, sent_event),
+        context=dumps_context(context),
     )
 
 
@@ -200,6 +268,14 @@ def _declare_list(value: Any) -> list[dict[str, Any]]:
     return queues
 
 
+def _sent_event(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("sent_event must be a JSON object")
+    return value
+
+
 def decode_options(options: Mapping[str, Any]) -> PublishSpec:
     """Decode a row's `options` (schema version 1); UndecodableMessage when it is malformed."""
     try:
@@ -220,6 +296,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             compression=options.get("compression"),
             delivery_mode=options.get("delivery_mode"),
             declare_json=_declare_list(options.get("declare")),
+            sent_event=_sent_event(options.get("sent_event")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc

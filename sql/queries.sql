@@ -9,6 +9,13 @@ VALUES
     (%(task_id)s, %(task_name)s, %(args)s::json, %(kwargs)s::json, %(options)s::json,
      %(context)s::json, %(schema_version)s);
 
+-- name: copy_messages
+-- The bulk write side: many rows in one COPY, in the caller's transaction. COPY fires the
+-- statement-level wake-up trigger like an INSERT does.
+COPY outbox_notify_message_v1
+    (task_id, task_name, args, kwargs, options, context, schema_version)
+FROM STDIN;
+
 -- name: claim_batch
 -- Claims up to %(limit)s due rows for this relay's open transaction. The row locks are the
 -- claim: another relay's SKIP LOCKED passes over them, and PostgreSQL releases them the moment

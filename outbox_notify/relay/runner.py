@@ -15,6 +15,7 @@ from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import KombuPublisher
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
+from outbox_notify.relay.sent_events import SentEventPublisher
 from outbox_notify.relay.store import ClaimStore, connection_kwargs
 
 
@@ -35,7 +36,9 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         config,
         store=ClaimStore(params, stale_timeout=config.stale_timeout),
         listener=listener,
-        publisher=RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)),
+        publisher=SentEventPublisher(
+            RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)), app
+        ),
         metrics=metrics.from_settings(),
     )
 

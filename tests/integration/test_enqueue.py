@@ -244,3 +244,25 @@ def test_stored_text_is_kombu_json() -> None:
         cursor.execute("SELECT args::text FROM outbox_notify_message_v1")
         (text,) = cursor.fetchone()
     assert json.loads(text)[0] == {"__type__": "datetime", "__value__": moment.isoformat()}
+
+
+def test_tasks_a_worker_task_enqueues_do_not_warn() -> None:
+    """Enqueueing from a task that a worker runs is autocommit by design: no warning."""
+    worker_app = OutboxCelery("worker-side", set_as_current=False)
+    worker_app.conf.update(broker_url="redis://127.0.0.1:1/0")
+
+    @worker_app.task(name="tests.child")
+    def child(x: int) -> int:
+        return x
+
+    @worker_app.task(name="tests.parent")
+    def parent(x: int) -> str:
+        return child.delay(x).id  # type: ignore[no-any-return]
+
+    with structlog.testing.capture_logs() as logs:
+        # apply() runs the task through Celery's tracer, as a worker does.
+        child_id = parent.apply((7,)).get()
+        outside = child.delay(8)
+    warned = [e["task_id"] for e in logs if e["event"] == "outbox.enqueue_outside_transaction"]
+    assert warned == [outside.id]
+    assert OutboxMessage.objects.filter(task_id=child_id).exists()

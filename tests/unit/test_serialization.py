@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kombu import Exchange, Queue
 
 from outbox_notify import serialization
-from outbox_notify.exceptions import SerializationError, UndecodableMessage
+from outbox_notify.exceptions import ConfigurationError, SerializationError, UndecodableMessage
 
 json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text()
 json_values = st.recursive(
@@ -109,9 +109,9 @@ def test_unserializable_values_raise_serialization_error() -> None:
         serialization.build_row(([object()], {}, {}), _publish_kwargs(), relative={}, context={})
 
 
-def test_protocol_1_bodies_are_refused() -> None:
-    """Only task protocol 2 (args, kwargs, embed) is stored."""
-    with pytest.raises(SerializationError, match="protocol 2"):
+def test_protocol_1_bodies_are_refused_as_a_configuration_error() -> None:
+    """A protocol 1 body is the app's configuration, not the caller's arguments, at fault."""
+    with pytest.raises(ConfigurationError, match="task_protocol=1"):
         serialization.build_row({"args": []}, _publish_kwargs(), relative={}, context={})
 
 

@@ -1,0 +1,125 @@
+"""Bulk enqueue: many tasks in one transaction, written with one COPY per batch.
+
+    from outbox_notify import bulk
+
+    with bulk():                      # a transaction (or a savepoint inside one)
+        for user in users:
+            send_digest.delay(user.pk)   # collected, not written yet
+    # written when the block ends, in batches of `batch_size` rows, one round trip each
+
+Inside the block every `delay()`/`apply_async()`/`send_task()` of an `OutboxCelery` app
+returns its `AsyncResult` at once and its row is kept in memory; Celery's `group()` (and
+`chunks`, and a chord's header) does the same by itself, so a group of N tasks is one COPY.
+The messages are the ones single calls store, and bad arguments raise the same
+`SerializationError` at the call. When the block raises, nothing of it is written.
+
+Repeated calls of one task with the same options (the usual fan-out) skip most of Celery's
+per-call work: the first call of each shape goes through Celery's own `send_task`, and later
+calls reuse its routing and headers with their own id, arguments and `argsrepr`, exactly as
+Celery would have built them (see `templates.py`; anything that could make two calls differ
+otherwise, such as a router function, an ETA or a signal receiver, takes the full path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from django.db import transaction
+
+from outbox_notify import templates, writeconf
+from outbox_notify.rows import insert_rows
+from outbox_notify.serialization import OutboxRow
+
+DEFAULT_BATCH_SIZE = 5_000  # rows per COPY: one round trip each, bounded memory
+
+_active: contextvars.ContextVar[Collector | None] = contextvars.ContextVar(
+    "outbox_notify_bulk", default=None
+)
+
+
+class GroupProducer:
+    """What Celery's group hands its members as `producer=` while they are collected."""
+
+    serializer = None  # Celery's eager path reads it; the outbox never publishes with it
+
+
+@dataclasses.dataclass(kw_only=True)
+class Collector:
+    """The rows of one bulk block, written in batches to the outbox alias."""
+
+    alias: str
+    app: Any
+    batch_size: int = DEFAULT_BATCH_SIZE
+    rows: list[OutboxRow] = dataclasses.field(default_factory=list)
+    shapes: templates.Shapes = dataclasses.field(default_factory=templates.Shapes)
+    written: int = 0
+
+    def add(self, row: OutboxRow) -> None:
+        """Keep a validated row; write a batch once `batch_size` rows wait."""
+        self.rows.append(row)
+        if len(self.rows) >= self.batch_size:
+            self.flush()
+
+    def enqueue(self, call: templates.Call, settings: writeconf.WriteSettings) -> Any:
+        """The fast path for a repeated shape: its AsyncResult, or None to take the full path."""
+        if settings.alias != self.alias:
+            return None
+        made = self.shapes.enqueue(call, settings)
+        if made is None:
+            return None
+        result, row = made
+        self.add(row)
+        return result
+
+    def flush(self) -> None:
+        """Write what is waiting, in one COPY."""
+        rows, self.rows = self.rows, []
+        insert_rows(rows, self.alias, self.app)
+        self.written += len(rows)
+
+
+def active() -> Collector | None:
+    """The collector of the innermost bulk block (or group) running here, if any."""
+    return _active.get()
+
+
+@contextlib.contextmanager
+def bulk(
+    *, using: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE, app: Any = None
+) -> Iterator[Collector]:
+    """Collect the tasks enqueued in the block; write them in batches when it ends.
+
+    The block runs in `transaction.atomic(using=...)` (a savepoint inside an existing
+    transaction), so the batches written before the end are undone if the block raises.
+    `using` defaults to OUTBOX_NOTIFY_DATABASE; rows for another alias are written one by one.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    alias = using or writeconf.current().alias
+    collector = Collector(alias=alias, app=app, batch_size=batch_size)
+    with transaction.atomic(using=alias):
+        token = _active.set(collector)
+        try:
+            yield collector
+        finally:
+            _active.reset(token)
+        collector.flush()
+
+
+@contextlib.contextmanager
+def for_group(app: Any) -> Iterator[GroupProducer]:
+    """Celery's group fan-out: join the running bulk block, or write the group in one go."""
+    if _active.get() is not None:
+        yield GroupProducer()
+        return
+    collector = Collector(alias=writeconf.current().alias, app=app, batch_size=2**62)
+    token = _active.set(collector)
+    try:
+        yield GroupProducer()
+    finally:
+        _active.reset(token)
+    collector.flush()

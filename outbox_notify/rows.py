@@ -1,0 +1,152 @@
+"""Writes outbox rows on the outbox alias, in the caller's transaction: one, or many at once.
+
+Both paths run on Django's connection for the alias, so they share the caller's transaction
+(and roll back with it). The single INSERT skips Django's cursor wrapper when nothing
+observes queries (no execute wrappers, no query log, no instrumentation patched in), making
+the same checks it would make; otherwise it goes through `connection.cursor()` as usual.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
+
+from outbox_notify import observability, signals
+from outbox_notify import sql as sql_files
+from outbox_notify.serialization import SCHEMA_VERSION, OutboxRow
+
+log = structlog.get_logger("outbox_notify")
+
+_DJANGO_EXECUTE = CursorWrapper.execute
+
+
+def insert_row(row: OutboxRow, alias: str, app: Any) -> None:
+    """Insert one row on `alias`, in the caller's transaction when there is one."""
+    connection = connections[alias]
+    _warn_outside_transaction(connection, app, row, count=1)
+    _execute(
+        connection,
+        sql_files.queries()["insert_message"],
+        {
+            "task_id": row.task_id,
+            "task_name": row.task_name,
+            "args": row.args,
+            "kwargs": row.kwargs,
+            "options": row.options,
+            "context": row.context,
+            "schema_version": SCHEMA_VERSION,
+        },
+    )
+    _announce(connection, (row,))
+
+
+def insert_rows(rows: Sequence[OutboxRow], alias: str, app: Any) -> None:
+    """Insert many rows on `alias` with one COPY (one round trip), in the caller's transaction."""
+    if not rows:
+        return
+    connection = connections[alias]
+    _warn_outside_transaction(connection, app, rows[0], count=len(rows))
+    _prepare(connection)
+    data = "".join(map(_copy_line, rows))
+    with (
+        connection.wrap_database_errors,
+        connection.connection.cursor() as cursor,
+        cursor.copy(sql_files.queries()["copy_messages"]) as copy,
+    ):
+        copy.write(data)
+    _announce(connection, rows)
+
+
+# COPY's text format: a backslash starts an escape, tab and newline end a field or a line.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_VERSION_FIELD = f"\t{SCHEMA_VERSION}\n"
+
+
+def _copy_line(row: OutboxRow) -> str:
+    """One row in COPY text format (psycopg's write_row does the same, per value, slower)."""
+    # The JSON columns hold kombu's ASCII JSON: no tab, newline or carriage return can occur
+    # in them (JSON escapes those), so doubling the backslashes is the whole escaping.
+    return (
+        "\t".join(
+            (
+                row.task_id.translate(_COPY_ESCAPES),
+                row.task_name.translate(_COPY_ESCAPES),
+                row.args.replace("\\", "\\\\"),
+                row.kwargs.replace("\\", "\\\\"),
+                row.options.replace("\\", "\\\\"),
+                row.context.replace("\\", "\\\\"),
+            )
+        )
+        + _VERSION_FIELD
+    )
+
+
+def in_worker_task(app: Any) -> bool:
+    """Whether this call comes from a task a Celery worker is running right now."""
+    return app is not None and app.current_worker_task is not None
+
+
+def _warn_outside_transaction(
+    connection: BaseDatabaseWrapper, app: Any, row: OutboxRow, *, count: int
+) -> None:
+    # A web request that enqueues in autocommit has lost the outbox's point (the task can
+    # run before, or without, the request's own writes): warn. A task that a worker's task
+    # enqueues (chain steps, callbacks, chord bodies, fan-out from a task body) runs in
+    # autocommit by design: Celery itself sends those after the task body returned.
+    if connection.in_atomic_block or not connection.get_autocommit() or in_worker_task(app):
+        return
+    log.warning(
+        "outbox.enqueue_outside_transaction",
+        task_name=row.task_name,
+        task_id=row.task_id,
+        count=count,
+        database=connection.alias,
+    )
+
+
+def _observed(connection: BaseDatabaseWrapper) -> bool:
+    return (
+        bool(connection.execute_wrappers)
+        or connection.queries_logged
+        or CursorWrapper.execute is not _DJANGO_EXECUTE
+    )
+
+
+def _prepare(connection: BaseDatabaseWrapper) -> None:
+    """What Django's connection.cursor() and CursorWrapper check before a statement."""
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    connection.validate_no_broken_transaction()
+
+
+def _execute(connection: BaseDatabaseWrapper, query: str, params: dict[str, Any]) -> None:
+    if _observed(connection):
+        with connection.cursor() as cursor:
+            cursor.execute(query, params)
+        return
+    _prepare(connection)
+    with connection.wrap_database_errors, connection.connection.cursor() as cursor:
+        cursor.execute(query, params)
+
+
+def _announce(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
+    signal = signals.outbox_message_created
+    if not signal.receivers or not signal.has_listeners():
+        return
+    for row in rows:
+        transaction.on_commit(
+            functools.partial(
+                observability.send_signal,
+                signal,
+                task_id=row.task_id,
+                task_name=row.task_name,
+            ),
+            using=connection.alias,
+        )
