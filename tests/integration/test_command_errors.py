@@ -238,6 +238,15 @@ def test_traceback_flag_shows_the_original_error(subprocess_env: dict[str, Any])
     assert "The above exception was the direct cause" in result.stderr
 
 
+def _documented_operator_grant() -> list[str]:
+    """The statements of the SQL block docs/operations.md shows for a monitoring role `ops`."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    after = text.split("test_command_errors.py runs this grant", 1)[1]
+    block = after.split("```sql\n", 1)[1].split("```", 1)[0]
+    code = " ".join(line.split("--", 1)[0] for line in block.splitlines())
+    return [" ".join(part.split()) for part in code.split(";") if part.strip()]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_outbox_stats_works_for_the_documented_operator_grant_not_the_relay_role(
     subprocess_env: dict[str, Any], pg_server_url: str, login_role: Any
@@ -248,8 +257,11 @@ def test_outbox_stats_works_for_the_documented_operator_grant_not_the_relay_role
     grant("GRANT SELECT, UPDATE, DELETE ON outbox_notify_message_v1 TO {role}")
     grant("GRANT INSERT ON outbox_notify_dead_letter_v1 TO {role}")
     _one_line(_run("outbox_stats", env), "permission denied for table outbox_notify_dead_letter_v1")
-    grant("GRANT SELECT ON outbox_notify_message_v1, outbox_notify_dead_letter_v1 TO {role}")
-    grant("GRANT pg_read_all_stats TO {role}")
+    statements = _documented_operator_grant()
+    assert len(statements) == 2, statements
+    for statement in statements:
+        assert statement.endswith(" TO ops"), statement
+        grant(statement.removesuffix(" TO ops") + " TO {role}")
     result = _run("outbox_stats", env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("queue_depth")
