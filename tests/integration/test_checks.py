@@ -297,10 +297,23 @@ def _in_another_thread(func: Any) -> Any:
 
 
 def test_the_app_config_makes_the_configured_app_current_and_default() -> None:
-    """After start-up the configured OutboxCelery is current here and the default elsewhere."""
-    assert wiring.current_and_default() == (celery_app.app, celery_app.app)
-    assert celery.current_app._get_current_object() is celery_app.app
+    """After start-up the configured OutboxCelery is the default app, so every thread uses it."""
+    # Only the default is pinned here: a test that creates another OutboxCelery makes that one
+    # current in this thread, which is fine (it writes to the outbox too).
+    current, default = wiring.current_and_default()
+    assert default is celery_app.app
+    assert wiring.is_outbox_app(current)
     assert _in_another_thread(celery.current_app._get_current_object) is celery_app.app
+
+
+@pytest.mark.usefixtures("celery_state")
+def test_install_makes_the_configured_app_current_over_a_plain_one() -> None:
+    """ready()'s wiring replaces a plain current and default app with the configured one."""
+    plain_celery.app.set_default()
+    plain_celery.app.set_current()
+    wiring.install()
+    assert wiring.current_and_default() == (celery_app.app, celery_app.app)
+    assert checks.check_task_app() == []
 
 
 def test_e005_when_the_configured_app_is_a_plain_celery() -> None:
