@@ -15,6 +15,7 @@ something that cannot be imported or is not an OutboxCelery, tasks are refused a
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import celery
@@ -65,16 +66,35 @@ def install() -> None:
         return  # outbox_notify.E004 reports it
     if path is None:
         return  # outbox_notify.E006 reports a current app that is not an OutboxCelery
+    if _being_imported(path):
+        # The Celery module itself set Django up (`celery -A module worker` on a module that
+        # calls django.setup()): it creates the app once this returns, which makes it current
+        # (and Celery's Django fix-up makes it the default). E006 reports it if not.
+        return
     try:
         app = conf.celery_app()
     except ConfigurationError as exc:
         _refuse(str(exc))
         return
+    except RuntimeError as exc:
+        raise ConfigurationError(
+            f"OUTBOX_NOTIFY_CELERY_APP={path!r} failed to import while Django was starting: "
+            f"{exc}. outbox-notify imports it from its app config, so that module must not call "
+            "django.setup() itself: set DJANGO_SETTINGS_MODULE with os.environ.setdefault() "
+            "instead (docs/install.md, step 3)"
+        ) from exc
     if not is_outbox_app(app):
         _refuse(f"OUTBOX_NOTIFY_CELERY_APP={path!r} is a {type(app).__name__}, not an OutboxCelery")
         return
     app.set_default()
     app.set_current()
+
+
+def _being_imported(path: str) -> bool:
+    """Whether the module of dotted `path` is in the middle of its own import."""
+    module = sys.modules.get(path.rpartition(".")[0])
+    spec = getattr(module, "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 def _refuse(reason: str) -> None:

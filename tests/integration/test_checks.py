@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import shlex
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -440,3 +442,38 @@ def test_w002_hint_is_sql_that_makes_the_trigger_fire_again(statement: str) -> N
         with connections["default"].cursor() as cursor:
             cursor.execute(fix)
         assert _outbox_messages() == []
+
+
+@pytest.fixture
+def module_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A directory on sys.path for throwaway Celery modules (forgotten again after the test)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [n for n in sys.modules if n.startswith("celery_module_")]:
+        del sys.modules[name]
+
+
+@pytest.mark.usefixtures("celery_state")
+def test_a_celery_module_that_sets_django_up_itself_is_left_to_finish(module_dir: Any) -> None:
+    """Wiring called from inside the Celery module's own import (its django.setup()) waits for it."""
+    (module_dir / "celery_module_self.py").write_text(
+        "from outbox_notify import wiring\n"
+        "wiring.install()  # what its django.setup() would reach\n"
+        "from tests.celery_app import app\n"
+    )
+    with override_settings(OUTBOX_NOTIFY_CELERY_APP="celery_module_self.app"):
+        importlib.import_module("celery_module_self")
+    assert not isinstance(wiring.current_and_default()[1], wiring.RefusingCelery)
+
+
+@pytest.mark.usefixtures("celery_state")
+def test_a_celery_module_that_cannot_be_imported_during_setup_says_why(module_dir: Any) -> None:
+    """A module that fails while Django starts (django.setup() inside it) gets a clear error."""
+    (module_dir / "celery_module_reentrant.py").write_text(
+        'raise RuntimeError("populate() isn\'t reentrant")\n'
+    )
+    with (
+        override_settings(OUTBOX_NOTIFY_CELERY_APP="celery_module_reentrant.app"),
+        pytest.raises(ConfigurationError, match=r"must not call django\.setup\(\) itself"),
+    ):
+        wiring.install()
