@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import override_settings
 
-from outbox_notify import conf, limits
+from outbox_notify import bulk, conf, limits
 from outbox_notify.exceptions import SerializationError
 from outbox_notify.models import OutboxMessage
 from tests.celery_app import add
@@ -86,3 +86,14 @@ def test_sizes_are_utf8_bytes(texts: tuple[str | bytes, ...], expected: int) -> 
     """Non-ASCII text is measured in UTF-8 bytes whenever that could reach the limit."""
     assert limits.message_size(*texts, limit=expected) == expected
     assert sum(limits.text_bytes(text) for text in texts) == expected
+
+
+def test_bulk_enqueue_refuses_an_oversized_task_at_its_call_too() -> None:
+    """Inside outbox_notify.bulk() (templated fast path included) the same limit applies."""
+    with override_settings(OUTBOX_NOTIFY_MAX_MESSAGE_BYTES=4096), transaction.atomic(), bulk():
+        for number in range(3):
+            add.delay(number, 1)  # the first builds the template, the others fill it
+        with pytest.raises(SerializationError, match="OUTBOX_NOTIFY_MAX_MESSAGE_BYTES"):
+            add.delay("x" * 5000, 1)
+        add.delay(9, 9)
+    assert sorted(row.args[0] for row in OutboxMessage.objects.all()) == [0, 1, 2, 9]
