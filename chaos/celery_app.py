@@ -8,7 +8,9 @@ from typing import Any
 import django
 from django.apps import apps
 
-if not apps.ready:  # the worker imports this module before anything sets Django up
+# The worker imports this module before anything sets Django up; outbox_notify's app config
+# imports it while Django is setting up (apps.loading), when it must not set up again.
+if not apps.ready and not apps.loading:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
 

@@ -1,4 +1,4 @@
-"""Django app configuration: registers the system checks, does no I/O."""
+"""Django app configuration: registers the system checks and wires Celery; does no I/O."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ class OutboxNotifyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from outbox_notify import checks
+        from outbox_notify import checks, wiring
 
         checks.register()
+        # Imports the configured Celery app (which connects to nothing) and makes it the app
+        # every task goes through in this process, whatever imported it or not before.
+        wiring.install()

@@ -1,17 +1,22 @@
-"""System checks: the outbox database, the driver, the settings, the schema.
+"""System checks: the outbox database, the driver, the settings, the Celery app, the schema.
 
 Check ids are stable and documented in docs/reference.md:
 
 - outbox_notify.E001  the outbox alias is not PostgreSQL
 - outbox_notify.E002  psycopg 3 >= 3.2.10 is not the driver in use
 - outbox_notify.E003  OUTBOX_NOTIFY_CELERY_APP is set but cannot be imported
-- outbox_notify.E004  an OUTBOX_NOTIFY_* setting has an invalid value
-- outbox_notify.W001  the outbox tables are missing (migrations not applied)
+- outbox_notify.E004  an OUTBOX_NOTIFY_* setting has an invalid value (one error per setting)
+- outbox_notify.E005  OUTBOX_NOTIFY_CELERY_APP is not an OutboxCelery
+- outbox_notify.E006  tasks sent in this process would go through an app that is not an
+                      OutboxCelery, past the outbox
+- outbox_notify.W001  the outbox tables are missing (migrations not applied, or tables dropped)
 - outbox_notify.W002  the wake-up trigger is missing or disabled
+- outbox_notify.W003  an OUTBOX_NOTIFY_* setting outbox-notify does not know (a typo)
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -19,21 +24,24 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from outbox_notify import conf
+from outbox_notify import conf, sql, wiring
 from outbox_notify.exceptions import ConfigurationError
 
 MIN_PSYCOPG = (3, 2, 10)
 TRIGGER_NAME = "outbox_notify_wake_v1"
+FUNCTION_NAME = "outbox_notify_wake_v1"
 TABLE_NAME = "outbox_notify_message_v1"
 # pg_trigger.tgenabled values under which the trigger fires in ordinary sessions; "R" (replica
 # only) and "D" (disabled) leave relays asleep.
 TRIGGER_FIRES = ("O", "A")
 _LEADING_DIGITS = re.compile(r"\d*")
+CELERY_APP = "OUTBOX_NOTIFY_CELERY_APP"
 
 
 def register() -> None:
     """Register every outbox check with Django's check framework."""
     checks.register(check_settings)
+    checks.register(check_task_app)
     checks.register(check_database_vendor, checks.Tags.database)
     checks.register(check_schema, checks.Tags.database)
     from outbox_notify.app import check_task_protocol  # the write side's own check (E010)
@@ -53,21 +61,86 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 def check_settings(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[checks.CheckMessage]:
-    """Every setting readable, the Celery app importable, psycopg recent enough."""
-    errors: list[checks.CheckMessage] = [
-        checks.Error(f"{name}: {message}", id="outbox_notify.E004", obj=name)
-        for name, message in conf.validate_all()
+    """Every setting valid and known, the Celery app an importable OutboxCelery, psycopg new."""
+    invalid = conf.problems()
+    messages: list[checks.CheckMessage] = [
+        checks.Error(problem, id="outbox_notify.E004", obj=name) for name, problem in invalid
     ]
-    app_setting_valid = all(error.obj != "OUTBOX_NOTIFY_CELERY_APP" for error in errors)
-    if app_setting_valid and conf.celery_app_path():
-        try:
-            conf.celery_app()
-        except ConfigurationError as exc:
-            errors.append(
-                checks.Error(str(exc), id="outbox_notify.E003", obj="OUTBOX_NOTIFY_CELERY_APP")
-            )
-    errors.extend(_check_psycopg())
-    return errors
+    messages.extend(_unknown_settings())
+    if all(name != CELERY_APP for name, _ in invalid):
+        messages.extend(_check_celery_app())
+    messages.extend(_check_psycopg())
+    return messages
+
+
+def _unknown_settings() -> list[checks.CheckMessage]:
+    return [
+        checks.Warning(
+            "is not a setting outbox-notify knows, so it has no effect"
+            + (f"; did you mean {closest}?" if closest else ""),
+            hint=f"rename it to {closest}" if closest else "remove it (see docs/reference.md)",
+            id="outbox_notify.W003",
+            obj=name,
+        )
+        for name, closest in conf.unknown_settings()
+    ]
+
+
+def _check_celery_app() -> list[checks.CheckMessage]:
+    path = conf.celery_app_path()
+    if not path:
+        return []
+    try:
+        app = conf.import_celery_app(path)
+    except conf.Invalid as exc:
+        return [checks.Error(str(exc), id="outbox_notify.E003", obj=CELERY_APP)]
+    if wiring.is_outbox_app(app):
+        return []
+    return [
+        checks.Error(
+            f"names {path!r}, a {type(app).__module__}.{type(app).__qualname__}, not an "
+            "OutboxCelery: tasks sent through it go straight to the broker, past the outbox",
+            hint="create the app with `from outbox_notify import OutboxCelery` and "
+            "`app = OutboxCelery('proj')` in place of `Celery('proj')`",
+            id="outbox_notify.E005",
+            obj=CELERY_APP,
+        )
+    ]
+
+
+def check_task_app(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Tasks sent in this process go through an OutboxCelery, in this thread and in others."""
+    current, default = wiring.current_and_default()
+    if isinstance(current, wiring.RefusingCelery) or isinstance(default, wiring.RefusingCelery):
+        return []  # E003/E005 say why; meanwhile tasks are refused at the call
+    if current is not None and not wiring.is_outbox_app(current):
+        return [_bypass_error(current, "this thread's current")]
+    if not wiring.is_outbox_app(default):
+        return [_bypass_error(default, "the default")]
+    return []
+
+
+def _bypass_error(app: Any, where: str) -> checks.CheckMessage:
+    shown = "Celery's fallback app" if app is None else f"{app!r} ({type(app).__name__})"
+    try:
+        configured = conf.celery_app_path()
+    except ConfigurationError:
+        configured = None
+    hint = (
+        "some code made another Celery app current after start-up; create other apps with "
+        "Celery(..., set_as_current=False)"
+        if configured
+        else "set OUTBOX_NOTIFY_CELERY_APP = 'proj.celery.app' (the dotted path of your "
+        "OutboxCelery): outbox_notify then makes it Celery's current and default app at start-up"
+    )
+    return checks.Error(
+        f"tasks sent in this process would go through {where} Celery app, {shown}, which is "
+        "not an OutboxCelery: they would reach the broker at once, past the outbox",
+        hint=hint,
+        id="outbox_notify.E006",
+    )
 
 
 def _check_psycopg() -> list[checks.CheckMessage]:
@@ -129,29 +202,97 @@ def check_schema(
         return []
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT to_regclass(%s) IS NOT NULL", [TABLE_NAME])
-            table_exists = cursor.fetchone()[0]
-            cursor.execute(
-                "SELECT tgenabled FROM pg_trigger WHERE tgname = %s AND NOT tgisinternal",
-                [TRIGGER_NAME],
-            )
-            trigger = cursor.fetchone()
+            found = _schema_state(cursor)
     except DatabaseError:
         return []  # an unreachable database is reported by Django itself
-    if not table_exists:
-        return [
-            checks.Warning(
-                f"table {TABLE_NAME} is missing on database {connection.alias!r}",
-                hint="run: python manage.py migrate outbox_notify",
-                id="outbox_notify.W001",
-            )
-        ]
-    if trigger is None or trigger[0] not in TRIGGER_FIRES:
-        return [
-            checks.Warning(
-                f"trigger {TRIGGER_NAME} is missing or disabled: relays will only wake on their sweep timer",
-                hint="run: python manage.py migrate outbox_notify (or psql -f sql/install.sql)",
-                id="outbox_notify.W002",
-            )
-        ]
+    if not found["table"]:
+        # Not migrated yet: Django itself reports unapplied migrations (runserver, migrate
+        # --check), and `migrate` runs the checks before migrating, so a warning here would
+        # only be stale noise on every first migrate.
+        return [_missing_table(connection.alias, found)] if found["migrated"] else []
+    if found["trigger"] not in TRIGGER_FIRES:
+        return [_trigger_not_firing(connection.alias, found)]
     return []
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """The named queries of sql/checks.sql, loaded once."""
+    return sql.parse_named_queries(sql.read("checks.sql"))
+
+
+def _schema_state(cursor: Any) -> dict[str, Any]:
+    cursor.execute(queries()["schema_state"])
+    message_table, dead_letter_table, function, trigger, recorder = cursor.fetchone()
+    migrated = False
+    if recorder:
+        cursor.execute(queries()["outbox_migrated"])
+        migrated = cursor.fetchone()[0]
+    return {
+        "table": message_table,
+        "dead_letter_table": dead_letter_table,
+        "function": function,
+        "trigger": trigger,
+        "migrated": migrated,
+    }
+
+
+def _database_flag(alias: str) -> str:
+    return "" if alias == "default" else f" --database {alias}"
+
+
+def _missing_table(alias: str, found: dict[str, Any]) -> checks.CheckMessage:
+    """W001 for tables Django believes migrated: `migrate` alone would do nothing."""
+    flag = _database_flag(alias)
+    remigrate = f"python manage.py migrate outbox_notify{flag}"
+    if found["dead_letter_table"] or found["function"]:
+        hint = (
+            "the outbox migrations are recorded as applied but only part of the schema is left; "
+            "save the dead letters you need, then run: "
+            f"python manage.py migrate outbox_notify zero{flag} && {remigrate}"
+        )
+    else:
+        hint = (
+            "the outbox migrations are recorded as applied but the schema is gone; run: "
+            f"python manage.py migrate outbox_notify zero --fake{flag} && {remigrate}"
+        )
+    return checks.Warning(
+        f"table {TABLE_NAME} is missing on database {alias!r}", hint=hint, id="outbox_notify.W001"
+    )
+
+
+def _trigger_not_firing(alias: str, found: dict[str, Any]) -> checks.CheckMessage:
+    state = {None: "missing", "D": "disabled", "R": "enabled for replica sessions only"}
+    return checks.Warning(
+        f"trigger {TRIGGER_NAME} is {state.get(found['trigger'], 'not firing')}: relays will "
+        "only wake on their sweep timer",
+        hint=(
+            f"as the owner of {TABLE_NAME} (python manage.py dbshell{_database_flag(alias)}), "
+            f"run: {trigger_fix(found)}"
+        ),
+        id="outbox_notify.W002",
+    )
+
+
+def trigger_fix(found: dict[str, Any]) -> str:
+    """The SQL that makes the wake-up trigger fire again, for the state found."""
+    if found["trigger"] is not None:
+        return f"ALTER TABLE {TABLE_NAME} ENABLE TRIGGER {TRIGGER_NAME};"
+    if found["function"]:
+        return _trigger_ddl()
+    return _function_ddl() + "\n" + _trigger_ddl()
+
+
+def _statement(marker: str, end: str) -> str:
+    """One statement of install.sql, from `marker` up to and including `end`."""
+    text = sql.read("install.sql")
+    start = text.index(marker)
+    return text[start : text.index(end, start) + len(end)]
+
+
+def _function_ddl() -> str:
+    return _statement(f"CREATE FUNCTION {FUNCTION_NAME}()", "$$;")
+
+
+def _trigger_ddl() -> str:
+    return " ".join(_statement(f"CREATE TRIGGER {TRIGGER_NAME}", ";").split())

@@ -1,15 +1,22 @@
 """Lazy, typed access to the OUTBOX_NOTIFY_* settings and their defaults.
 
 Every accessor reads `django.conf.settings` when called, never at import time, so
-`override_settings` in tests and late configuration both work.
+`override_settings` in tests and late configuration both work. Each setting has one parser
+that turns the raw value into what the code uses or says what is wrong with it; the accessors
+raise that as a ConfigurationError naming the setting, and the system checks report every
+invalid setting at once (`problems()`), each under its own name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import difflib
+import functools
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from outbox_notify.exceptions import ConfigurationError
@@ -18,34 +25,152 @@ PREFIX = "OUTBOX_NOTIFY_"
 DEFAULT_DATABASE = "default"
 DEFAULT_DEAD_LETTER_RETENTION_DAYS = 30
 DEFAULT_STATSD_PORT = 8125
+# Bytes of one task's stored JSON (args + kwargs + options). Under RabbitMQ 4's default
+# max_message_size (16 MiB; 3.x: 128 MiB) and Redis's proto-max-bulk-len (512 MB) even after
+# the Redis transport's base64 (x 4/3) and envelope: see docs/reference.md#settings.
+DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024
 
+T = TypeVar("T")
 Redactor = Callable[[str, list[Any], dict[str, Any]], tuple[list[Any], dict[str, Any]]]
+
+
+class Invalid(ValueError):
+    """What is wrong with a setting's value, phrased to follow the setting's name."""
 
 
 def _get(name: str, default: Any = None) -> Any:
     return getattr(settings, PREFIX + name, default)
 
 
+def _read(name: str, default: Any, parse: Callable[[Any], T]) -> T:
+    """Parse one setting; an invalid value raises ConfigurationError naming the setting."""
+    try:
+        return parse(_get(name, default))
+    except Invalid as exc:
+        raise ConfigurationError(f"{PREFIX}{name} {exc}") from None
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise Invalid(f"must be a string or None, not {value!r}")
+    return value
+
+
+def _names(value: Any, what: str) -> frozenset[str]:
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        raise Invalid(f"must be a list or tuple of {what}, not {value!r}")
+    items = list(value)
+    if not all(isinstance(item, str) for item in items):
+        raise Invalid(f"must be a list or tuple of {what}, not {value!r}")
+    return frozenset(items)
+
+
+def whole_number(value: Any, *, minimum: int, maximum: int | None = None, unit: str = "") -> int:
+    """An int within bounds: bools, floats (nan and inf included) and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Invalid(f"must be a whole number{unit}, not {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and at most {maximum}" if maximum is not None else ""
+        raise Invalid(f"must be at least {minimum}{upper}{unit}, not {value!r}")
+    return value
+
+
+def finite_number(value: Any, *, minimum: float = 0.0, unit: str = "") -> float:
+    """A real number >= minimum; nan and +/-inf are refused (for settings in seconds)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise Invalid(f"must be a finite number{unit}, not {value!r}")
+    if value < minimum:
+        raise Invalid(f"must be at least {minimum:g}{unit}, not {value!r}")
+    return float(value)
+
+
+def _database(value: Any) -> str:
+    if not isinstance(value, str) or value not in settings.DATABASES:
+        raise Invalid(f"must be a key of settings.DATABASES, not {value!r}")
+    return value
+
+
+def _celery_app_path(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise Invalid(f"must be a dotted path string such as 'proj.celery.app', not {value!r}")
+    return value or None
+
+
+def _listen_dsn(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise Invalid(f"must be a libpq URL or conninfo string, or None, not {value!r}")
+    return value
+
+
+def _structlog_keys(value: Any) -> frozenset[str] | None:
+    return None if value is None else _names(value, "key names, or None")
+
+
+def _retention_days(value: Any) -> int:
+    return whole_number(value, minimum=0, unit=" of days")
+
+
+def _redact(value: Any) -> Redactor | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise Invalid(f"must be a dotted path string or None, not {value!r}")
+    try:
+        func = import_string(value)
+    except ImportError as exc:
+        raise Invalid(f"names {value!r}, which cannot be imported: {exc}") from None
+    if not callable(func):
+        raise Invalid(f"names {value!r}, which is not callable")
+    return func  # type: ignore[no-any-return]
+
+
+def _statsd_port(value: Any) -> int:
+    return whole_number(value, minimum=1, maximum=65535)
+
+
+def _statsd_tags(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
+        raise Invalid(f"must be a list or tuple of 'key:value' strings, not {value!r}")
+    return list(value)
+
+
+def _max_message_bytes(value: Any) -> int | None:
+    return None if value is None else whole_number(value, minimum=1, unit=" of bytes, or None")
+
+
+# Every setting outbox-notify reads: (name after the prefix, default, parser). The unknown-
+# setting check suggests names from here, so a new setting must be added here too.
+SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
+    ("CELERY_APP", None, _celery_app_path),
+    ("DATABASE", DEFAULT_DATABASE, _database),
+    ("LISTEN_DSN", None, _listen_dsn),
+    ("EXCLUDE_TASKS", (), functools.partial(_names, what="task names")),
+    ("STRUCTLOG_CONTEXT_KEYS", None, _structlog_keys),
+    ("DEAD_LETTER_RETENTION_DAYS", DEFAULT_DEAD_LETTER_RETENTION_DAYS, _retention_days),
+    ("REDACT", None, _redact),
+    ("STATSD_HOST", None, _optional_text),
+    ("STATSD_PORT", DEFAULT_STATSD_PORT, _statsd_port),
+    ("STATSD_PREFIX", None, _optional_text),
+    ("STATSD_TAGS", None, _statsd_tags),
+    ("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes),
+)
+KNOWN_SETTINGS = frozenset(PREFIX + name for name, _, _ in SETTINGS)
+
+
 def database_alias() -> str:
     """The Django database alias that holds the outbox tables."""
-    value = _get("DATABASE", DEFAULT_DATABASE)
-    if not isinstance(value, str) or value not in settings.DATABASES:
-        raise ConfigurationError(
-            f"OUTBOX_NOTIFY_DATABASE={value!r} is not a key of settings.DATABASES"
-        )
-    return value
+    return _read("DATABASE", DEFAULT_DATABASE, _database)
 
 
 def celery_app_path() -> str | None:
     """Dotted path to the Celery app the relay publishes with, or None when unset."""
-    value = _get("CELERY_APP")
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError("OUTBOX_NOTIFY_CELERY_APP must be a dotted path string")
-    return value
+    return _read("CELERY_APP", None, _celery_app_path)
 
 
 def celery_app() -> Any:
-    """Import and return the relay's Celery app; required by the relay commands."""
+    """Import and return the configured Celery app; required by the relay commands."""
     path = celery_app_path()
     if not path:
         raise ConfigurationError(
@@ -53,105 +178,91 @@ def celery_app() -> Any:
             "with, e.g. OUTBOX_NOTIFY_CELERY_APP = 'proj.celery.app'"
         )
     try:
+        return import_celery_app(path)
+    except Invalid as exc:
+        raise ConfigurationError(f"OUTBOX_NOTIFY_CELERY_APP {exc}") from exc
+
+
+def import_celery_app(path: str) -> Any:
+    """The object at dotted `path`; Invalid (without the setting's name) when it does not import."""
+    try:
         return import_string(path)
     except ImportError as exc:
-        raise ConfigurationError(
-            f"OUTBOX_NOTIFY_CELERY_APP={path!r} cannot be imported: {exc}"
-        ) from exc
+        raise Invalid(f"names {path!r}, which cannot be imported: {exc}") from exc
 
 
 def listen_dsn() -> str | None:
     """libpq conninfo/URL for the LISTEN connection, when the alias goes through a pooler."""
-    value = _get("LISTEN_DSN")
-    if value is not None and not isinstance(value, str):
-        raise ConfigurationError("OUTBOX_NOTIFY_LISTEN_DSN must be a libpq URL or conninfo string")
-    return value
+    return _read("LISTEN_DSN", None, _listen_dsn)
 
 
 def exclude_tasks() -> frozenset[str]:
     """Task names that bypass the outbox and go straight to the broker."""
-    value = _get("EXCLUDE_TASKS", ())
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-        raise ConfigurationError(
-            "OUTBOX_NOTIFY_EXCLUDE_TASKS must be a list or tuple of task names"
-        )
-    return frozenset(value)
+    return _read("EXCLUDE_TASKS", (), functools.partial(_names, what="task names"))
 
 
 def structlog_context_keys() -> frozenset[str] | None:
     """Which structlog contextvars to capture at enqueue; None means all of them."""
-    value = _get("STRUCTLOG_CONTEXT_KEYS")
-    if value is None:
-        return None
-    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-        raise ConfigurationError(
-            "OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS must be None or a list or tuple of key names"
-        )
-    return frozenset(value)
+    return _read("STRUCTLOG_CONTEXT_KEYS", None, _structlog_keys)
 
 
 def dead_letter_retention_days() -> int:
     """Default age, in days, past which dead letters are purged."""
-    value = _get("DEAD_LETTER_RETENTION_DAYS", DEFAULT_DEAD_LETTER_RETENTION_DAYS)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigurationError(
-            "OUTBOX_NOTIFY_DEAD_LETTER_RETENTION_DAYS must be a whole number of days >= 0"
-        )
-    return value
+    return _read("DEAD_LETTER_RETENTION_DAYS", DEFAULT_DEAD_LETTER_RETENTION_DAYS, _retention_days)
 
 
 def redactor() -> Redactor | None:
     """The callable that turns (task_name, args, kwargs) into what admin and logs show."""
-    path = _get("REDACT")
-    if path is None:
-        return None
-    if not isinstance(path, str):
-        raise ConfigurationError("OUTBOX_NOTIFY_REDACT must be a dotted path string")
-    try:
-        func = import_string(path)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"OUTBOX_NOTIFY_REDACT={path!r} cannot be imported: {exc}"
-        ) from exc
-    if not callable(func):
-        raise ConfigurationError(f"OUTBOX_NOTIFY_REDACT={path!r} is not callable")
-    return func  # type: ignore[no-any-return]
+    return _read("REDACT", None, _redact)
 
 
 def statsd() -> dict[str, Any] | None:
     """DogStatsd settings, or None when metrics are off (no host set)."""
-    host = _get("STATSD_HOST")
+    host = _read("STATSD_HOST", None, _optional_text)
     if not host:
         return None
-    tags = _get("STATSD_TAGS") or ()
-    if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
-        raise ConfigurationError(
-            "OUTBOX_NOTIFY_STATSD_TAGS must be a list or tuple of 'key:value' strings"
-        )
     return {
-        "host": str(host),
-        "port": int(_get("STATSD_PORT", DEFAULT_STATSD_PORT)),
-        "namespace": _get("STATSD_PREFIX") or None,
-        "constant_tags": [str(t) for t in tags],
+        "host": host,
+        "port": _read("STATSD_PORT", DEFAULT_STATSD_PORT, _statsd_port),
+        "namespace": _read("STATSD_PREFIX", None, _optional_text) or None,
+        "constant_tags": _read("STATSD_TAGS", None, _statsd_tags),
     }
 
 
-def validate_all() -> list[tuple[str, str]]:
-    """Read every setting once; return (setting, message) for each invalid one."""
-    problems: list[tuple[str, str]] = []
-    checks: list[tuple[str, Callable[[], object]]] = [
-        ("OUTBOX_NOTIFY_DATABASE", database_alias),
-        ("OUTBOX_NOTIFY_CELERY_APP", celery_app_path),
-        ("OUTBOX_NOTIFY_LISTEN_DSN", listen_dsn),
-        ("OUTBOX_NOTIFY_EXCLUDE_TASKS", exclude_tasks),
-        ("OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS", structlog_context_keys),
-        ("OUTBOX_NOTIFY_DEAD_LETTER_RETENTION_DAYS", dead_letter_retention_days),
-        ("OUTBOX_NOTIFY_REDACT", redactor),
-        ("OUTBOX_NOTIFY_STATSD_PORT", statsd),
-    ]
-    for name, read in checks:
+@functools.cache
+def max_message_bytes() -> int | None:
+    """The largest task (stored JSON bytes) the write side accepts; None means no limit."""
+    # Cached: it is read on every enqueue. setting_changed (override_settings) clears it.
+    return _read("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes)
+
+
+def _clear_caches(*, setting: str, **kwargs: Any) -> None:
+    if setting.startswith(PREFIX):
+        max_message_bytes.cache_clear()
+
+
+setting_changed.connect(_clear_caches, dispatch_uid="outbox_notify.conf.clear_caches")
+
+
+def problems() -> list[tuple[str, str]]:
+    """(setting, what is wrong) for every invalid OUTBOX_NOTIFY_* setting, each once."""
+    found: list[tuple[str, str]] = []
+    for name, default, parse in SETTINGS:
         try:
-            read()
-        except (ConfigurationError, ValueError, TypeError) as exc:
-            problems.append((name, str(exc)))
-    return problems
+            parse(_get(name, default))
+        except Invalid as exc:
+            found.append((PREFIX + name, str(exc)))
+    return found
+
+
+def unknown_settings() -> list[tuple[str, str | None]]:
+    """(setting, closest known name or None) for each OUTBOX_NOTIFY_* name nobody reads."""
+    names = sorted(n for n in dir(settings) if n.startswith(PREFIX) and n not in KNOWN_SETTINGS)
+    return [(name, closest_setting(name)) for name in names]
+
+
+def closest_setting(name: str) -> str | None:
+    """The known setting a misspelt name most likely meant (compared without the prefix)."""
+    suffixes = {known[len(PREFIX) :]: known for known in KNOWN_SETTINGS}
+    match = difflib.get_close_matches(name[len(PREFIX) :], suffixes, n=1, cutoff=0.6)
+    return suffixes[match[0]] if match else None

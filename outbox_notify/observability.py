@@ -15,14 +15,14 @@ log = structlog.get_logger("outbox_notify")
 
 def has_receivers(signal: Signal) -> bool:
     """Whether sending would reach anyone (lets hot loops skip per-row work)."""
-    return signal.has_listeners()
+    return signal.has_listeners(sender=signals.SENDER)
 
 
 def send_signal(signal: Signal, **kwargs: Any) -> None:
     """send_robust, logging (never raising) what a failing receiver raised."""
-    if not signal.has_listeners():
+    if not signal.has_listeners(sender=signals.SENDER):
         return
-    for receiver, response in signal.send_robust(sender="outbox_notify", **kwargs):
+    for receiver, response in signal.send_robust(sender=signals.SENDER, **kwargs):
         if isinstance(response, Exception):
             log.error(
                 "outbox.signal_receiver_failed",

@@ -138,7 +138,7 @@ def _execute(connection: BaseDatabaseWrapper, query: str, params: dict[str, Any]
 
 def _announce(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
     signal = signals.outbox_message_created
-    if not signal.receivers or not signal.has_listeners():
+    if not signal.receivers or not signal.has_listeners(sender=signals.SENDER):
         return
     for row in rows:
         transaction.on_commit(

@@ -16,6 +16,7 @@ from typing import Any
 from kombu import Exchange, Queue, binding
 from kombu.utils import json as kombu_json
 
+from outbox_notify import limits
 from outbox_notify.exceptions import (
     ConfigurationError,
     SerializationError,
@@ -160,6 +161,7 @@ def validate_row(row: OutboxRow) -> None:
         if "\x00" in value:
             # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
             raise SerializationError(f"the task {what} contains a NUL character")
+    limits.check_message_size(row.task_name, row.args, row.kwargs, row.options)
 
 
 def options_text(

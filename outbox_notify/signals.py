@@ -1,8 +1,17 @@
-"""Signals about outbox rows, each sent with send_robust after the state it reports commits."""
+"""Signals about outbox rows, each sent with send_robust after the state it reports commits.
+
+Every signal here is sent with sender="outbox_notify" (a string, the same for all four), so
+`signal.connect(receiver, sender="outbox_notify")` receives them; docs/reference.md#signals
+lists their arguments and when each is sent.
+"""
 
 from __future__ import annotations
 
 from django.dispatch import Signal
+
+# The sender of every signal below. Ask has_listeners(sender=SENDER): without a sender, Django
+# counts only receivers connected without one, and would skip those connected with this one.
+SENDER = "outbox_notify"
 
 # task_id, task_name: the row is committed in the outbox.
 outbox_message_created = Signal()

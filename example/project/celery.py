@@ -1,7 +1,9 @@
 """The example project's Celery app: an OutboxCelery configured from Django settings.
 
-`celery -A example.project.celery worker` imports this module before anything has set Django
-up, and outbox_notify's write side needs the app registry, so Django is set up here first.
+Laid out as Celery's Django guide does: DJANGO_SETTINGS_MODULE set before the app is created
+(so `celery -A example.project.celery worker` finds the settings and sets Django up itself),
+and no django.setup() here: outbox_notify's app config imports this module while Django
+starts, to make `app` the Celery app every task goes through.
 """
 
 from __future__ import annotations
@@ -10,17 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import django
 from celery.signals import worker_process_init, worker_ready
-from django.apps import apps
 from django.db import connection
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example.project.settings")
-if not apps.ready:
-    django.setup()
-
-# Imported only now: outbox_notify's write side needs the app registry set up above.
 from outbox_notify import OutboxCelery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example.project.settings")
 
 # The demo waits for this file (named in the worker's environment) before placing orders.
 READY_FILE_ENV = "EXAMPLE_WORKER_READY_FILE"

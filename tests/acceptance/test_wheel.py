@@ -43,6 +43,7 @@ SECRET_KEY = "wheel-test"
 USE_TZ = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django.contrib.contenttypes", "outbox_notify"]
+OUTBOX_NOTIFY_CELERY_APP = "wheelproj_celery.app"
 DATABASES = {{
     "default": {{
         "ENGINE": "django.db.backends.postgresql",
@@ -129,6 +130,10 @@ def _install_into_fresh_venv(wheel: Path, venv: Path) -> Path:
 def _write_project(project: Path, server_url: str, dbname: str) -> None:
     parts = psycopg.conninfo.conninfo_to_dict(server_url)
     project.mkdir()
+    # Every project that installs outbox_notify names its OutboxCelery (check E006 otherwise).
+    (project / "wheelproj_celery.py").write_text(
+        "from outbox_notify import OutboxCelery\n\napp = OutboxCelery('wheelproj')\n"
+    )
     (project / "wheelproj_settings.py").write_text(
         SETTINGS.format(
             name=dbname,

@@ -285,8 +285,8 @@ def test_selector_rejects_ambiguous_choices() -> None:
 
 
 def test_purge_rejects_a_negative_age() -> None:
-    """--older-than-days below 0 is a command error, and nothing is deleted."""
+    """--older-than-days below 0 is a usage error naming the flag, and nothing is deleted."""
     add_dead_letter(days_ago=40)
-    with pytest.raises(CommandError, match="older_than_days must be >= 0"):
+    with pytest.raises(CommandError, match="argument --older-than-days: must be at least 0"):
         run("outbox_purge_dead_letter", "--older-than-days", "-1")
     assert DeadLetter.objects.count() == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from outbox_notify.management.commands._common import seconds, whole_number
 from outbox_notify.relay.config import RelayConfig
 
 SWEEP_FLAGS = (
@@ -26,25 +28,28 @@ LISTEN_FLAGS = (
 )
 _DEFAULTS = RelayConfig()
 
-_HELP = {
-    "batch_size": ("rows claimed and published per batch", int),
-    "max_retries": ("ordinary publish failures before a row is dead-lettered", int),
+# Each flag's help and value type. The types refuse what is not a valid value on its own
+# (a fraction of a row, nan or inf seconds, zero seconds) with a usage error naming the flag;
+# RelayConfig still refuses combinations that do not fit together.
+_HELP: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "batch_size": ("rows claimed and published per batch", whole_number(1)),
+    "max_retries": ("ordinary publish failures before a row is dead-lettered", whole_number(0)),
     "backoff_time": (
         "seconds: base delay of the first retry (doubles each time, with jitter)",
-        float,
+        seconds(),
     ),
-    "max_backoff": ("seconds: cap on any retry delay", float),
+    "max_backoff": ("seconds: cap on any retry delay", seconds()),
     "stale_timeout": (
         "seconds a hung relay may hold a claim before the server frees its rows",
-        float,
+        seconds(),
     ),
-    "send_timeout": ("seconds: bound on one publish (connect, write, confirm)", float),
+    "send_timeout": ("seconds: bound on one publish (connect, write, confirm)", seconds()),
     "sweep_interval": (
         "seconds between sweeps while idle (missed notifications, freed rows)",
-        float,
+        seconds(),
     ),
-    "shutdown_timeout": ("seconds to finish the batch in hand after SIGTERM/SIGINT", float),
-    "broker_outage_cooldown": ("seconds to pause after consecutive broker outages", float),
+    "shutdown_timeout": ("seconds to finish the batch in hand after SIGTERM/SIGINT", seconds()),
+    "broker_outage_cooldown": ("seconds to pause after consecutive broker outages", seconds()),
 }
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
-from outbox_notify.exceptions import OutboxNotifyError
+from outbox_notify.management.commands._common import (
+    RELAY_NEEDS,
+    reported,
+    require_relay_privileges,
+)
 from outbox_notify.management.commands._relay_options import LISTEN_FLAGS, add_flags, config_from
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
@@ -25,7 +29,8 @@ class Command(BaseCommand):
         add_flags(parser, LISTEN_FLAGS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        require_relay_privileges()
+        with reported(RELAY_NEEDS):
             config = config_from(options, LISTEN_FLAGS)
             holder: list[Relay] = []
             with stop_signals(holder) as wake_fd:
@@ -33,5 +38,3 @@ class Command(BaseCommand):
                 holder.append(relay)
                 check_reachable(relay)
                 relay.run()
-        except OutboxNotifyError as exc:
-            raise CommandError(str(exc)) from exc

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.exceptions import ConfigurationError
+from outbox_notify.management.commands._common import reported, whole_number
+
+NEEDS = (
+    "SELECT, UPDATE and DELETE on outbox_notify_dead_letter_v1 and INSERT on "
+    "outbox_notify_message_v1"
+)
 
 
 class Command(BaseCommand):
@@ -21,14 +26,16 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         chosen = parser.add_mutually_exclusive_group(required=True)
-        chosen.add_argument("--id", type=int, nargs="+", dest="ids", metavar="ID")
+        chosen.add_argument("--id", type=whole_number(1), nargs="+", dest="ids", metavar="ID")
         chosen.add_argument("--task-name", metavar="NAME")
         chosen.add_argument("--all", action="store_true", dest="everything")
         parser.add_argument("--dry-run", action="store_true")
-        parser.add_argument("--chunk-size", type=int, default=deadletter.CHUNK_SIZE)
+        parser.add_argument(
+            "--chunk-size", type=whole_number(1), default=deadletter.CHUNK_SIZE, metavar="N"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        with reported(NEEDS):
             selector = deadletter.Selector(
                 ids=tuple(options["ids"] or ()),
                 task_name=options["task_name"],
@@ -37,8 +44,6 @@ class Command(BaseCommand):
             result = deadletter.requeue(
                 selector, dry_run=options["dry_run"], chunk_size=options["chunk_size"]
             )
-        except ConfigurationError as exc:
-            raise CommandError(str(exc)) from exc
         verb = "would requeue" if result.dry_run else "requeued"
         self.stdout.write(f"{verb} {result.moved} dead letters")
         for name, count in result.by_task.items():

@@ -9,8 +9,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from outbox_notify import conf, stats
+from outbox_notify.management.commands._common import reported, seconds, whole_number
 
 LAG_EXIT_CODE = 2  # distinct from 1 (any other error), so a probe can tell lag from a crash
+NEEDS = (
+    "SELECT on outbox_notify_message_v1 and outbox_notify_dead_letter_v1 "
+    "(and pg_read_all_stats to see other roles' relay sessions)"
+)
+NOT_COMPUTED = "top_failing            not computed (--top 0)"
 
 
 class Command(BaseCommand):
@@ -25,23 +31,28 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--format", choices=("text", "json"), default="text")
         parser.add_argument(
-            "--top", type=int, default=stats.DEFAULT_TOP, help="task names in top_failing"
+            "--top",
+            type=whole_number(0),
+            default=stats.DEFAULT_TOP,
+            metavar="N",
+            help="task names in top_failing; 0 skips that query (default %(default)s)",
         )
         parser.add_argument(
             "--fail-if-lag-above",
-            type=float,
+            type=seconds(allow_zero=True),
             default=None,
             metavar="SECONDS",
             help="exit with code 2 when the oldest pending message is older than this",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        connection = connections[conf.database_alias()]
-        snapshot = stats.collect(connection, top=max(options["top"], 0))
+        top = options["top"]
+        with reported(NEEDS):
+            snapshot = stats.collect(connections[conf.database_alias()], top=top)
         if options["format"] == "json":
-            self.stdout.write(json.dumps(snapshot.as_dict(), sort_keys=True))
+            self.stdout.write(json.dumps(as_json(snapshot, top), sort_keys=True))
         else:
-            self.stdout.write(stats.format_text(snapshot))
+            self.stdout.write(as_text(snapshot, top))
         limit = options["fail_if_lag_above"]
         if limit is not None and snapshot.oldest_pending_seconds > limit:
             raise CommandError(
@@ -49,3 +60,20 @@ class Command(BaseCommand):
                 f"above --fail-if-lag-above={limit:g}",
                 returncode=LAG_EXIT_CODE,
             )
+
+
+def as_json(snapshot: stats.OutboxStats, top: int) -> dict[str, Any]:
+    """The JSON document; with --top 0, top_failing is null (not computed), never []."""
+    data = snapshot.as_dict()
+    if top == 0:
+        data["top_failing"] = None
+        data["exact"]["top_failing"] = None
+    return data
+
+
+def as_text(snapshot: stats.OutboxStats, top: int) -> str:
+    """The text form; with --top 0 it says top_failing was not computed, not "(none)"."""
+    text = stats.format_text(snapshot)
+    if top == 0:
+        text = text[: text.index("\ntop_failing")] + "\n" + NOT_COMPUTED
+    return text

@@ -7,7 +7,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from outbox_notify.exceptions import OutboxNotifyError
+from outbox_notify.management.commands._common import (
+    RELAY_NEEDS,
+    reported,
+    require_relay_privileges,
+)
 from outbox_notify.management.commands._relay_options import SWEEP_FLAGS, add_flags, config_from
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
@@ -26,7 +30,8 @@ class Command(BaseCommand):
         add_flags(parser, SWEEP_FLAGS)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        require_relay_privileges()
+        with reported(RELAY_NEEDS):
             holder: list[Relay] = []
             # SIGTERM/SIGINT: finish the batch in hand (so nothing it published is sent
             # twice), then stop.
@@ -42,5 +47,3 @@ class Command(BaseCommand):
                 finally:
                     relay.disconnect()
                     relay.publisher.close()
-        except OutboxNotifyError as exc:
-            raise CommandError(str(exc)) from exc

@@ -1,0 +1,30 @@
+-- Queries of the system checks and of the relay commands' start-up check (outbox_notify/checks.py,
+-- outbox_notify/management/commands/_common.py), loaded by name like sql/queries.sql.
+--
+-- Each section starts with a `-- name: NAME` line. Parameters use psycopg's %(name)s style.
+
+-- name: schema_state
+-- Which outbox objects exist, the wake-up trigger's pg_trigger.tgenabled (NULL: no trigger),
+-- and whether Django recorded an outbox migration as applied.
+SELECT
+    to_regclass('outbox_notify_message_v1') IS NOT NULL AS message_table,
+    to_regclass('outbox_notify_dead_letter_v1') IS NOT NULL AS dead_letter_table,
+    to_regprocedure('outbox_notify_wake_v1()') IS NOT NULL AS wake_function,
+    (SELECT tgenabled::text FROM pg_trigger
+     WHERE tgname = 'outbox_notify_wake_v1' AND NOT tgisinternal) AS trigger_enabled,
+    to_regclass('django_migrations') IS NOT NULL AS recorder;
+
+-- name: outbox_migrated
+SELECT EXISTS (SELECT FROM django_migrations WHERE app = 'outbox_notify');
+
+-- name: relay_privileges
+-- One row per privilege the relay needs (sql/relay_role.sql grants exactly these); `held` is
+-- NULL when the table does not exist. has_table_privilege() with a list of privileges is true
+-- when any one is held, so each is asked for on its own.
+SELECT needed.tbl, needed.privilege, has_table_privilege(to_regclass(needed.tbl), needed.privilege)
+FROM (VALUES
+    ('outbox_notify_message_v1', 'SELECT'),
+    ('outbox_notify_message_v1', 'UPDATE'),
+    ('outbox_notify_message_v1', 'DELETE'),
+    ('outbox_notify_dead_letter_v1', 'INSERT')
+) AS needed (tbl, privilege);
