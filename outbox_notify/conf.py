@@ -6,6 +6,7 @@ Every accessor reads `django.conf.settings` when called, never at import time, s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,10 @@ PREFIX = "OUTBOX_NOTIFY_"
 DEFAULT_DATABASE = "default"
 DEFAULT_DEAD_LETTER_RETENTION_DAYS = 30
 DEFAULT_STATSD_PORT = 8125
+# Seconds. Tasks whose ETA is further ahead stay in the outbox until it (docs/concepts.md,
+# "Tasks held until their ETA"): far below RabbitMQ's consumer_timeout (30 min) and Redis's
+# visibility_timeout (1 h), far above the relay's sweep interval.
+DEFAULT_HOLD_ETA_AFTER = 60.0
 
 Redactor = Callable[[str, list[Any], dict[str, Any]], tuple[list[Any], dict[str, Any]]]
 
@@ -136,6 +141,24 @@ def statsd() -> dict[str, Any] | None:
     }
 
 
+def hold_eta_after() -> float | None:
+    """Seconds of ETA beyond which a task is held in the outbox; None: never hold."""
+    value = _get("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER)
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ConfigurationError(
+            f"OUTBOX_NOTIFY_HOLD_ETA_AFTER must be a finite number of seconds >= 0, or None "
+            f"to never hold tasks, not {value!r}"
+        )
+    return float(value)
+
+
 def validate_all() -> list[tuple[str, str]]:
     """Read every setting once; return (setting, message) for each invalid one."""
     problems: list[tuple[str, str]] = []
@@ -148,6 +171,7 @@ def validate_all() -> list[tuple[str, str]]:
         ("OUTBOX_NOTIFY_DEAD_LETTER_RETENTION_DAYS", dead_letter_retention_days),
         ("OUTBOX_NOTIFY_REDACT", redactor),
         ("OUTBOX_NOTIFY_STATSD_PORT", statsd),
+        ("OUTBOX_NOTIFY_HOLD_ETA_AFTER", hold_eta_after),
     ]
     for name, read in checks:
         try:
