@@ -1,8 +1,9 @@
-"""Read-only admin for the outbox and the dead letters, with two guarded actions.
+"""Read-only admin for the outbox and the dead letters, with a few guarded actions.
 
 Rows are never added, edited or deleted through forms: the relay owns them. Object pages are
 read-only for everyone; the model's change permission only grants the actions ("reset
-retries" on outbox rows, "requeue" on dead letters), and each action leaves a LogEntry.
+retries" and "cancel" on outbox rows, "requeue" on dead letters), and each action leaves a
+LogEntry.
 Arguments are shown through `outbox_notify.redaction`, never raw.
 """
 
@@ -13,10 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 
-from outbox_notify import conf, deadletter, redaction, stats
+from outbox_notify import conf, deadletter, held, redaction, stats
+from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, OutboxMessage
 
 if TYPE_CHECKING:
@@ -69,6 +72,31 @@ class RetriesFilter(admin.SimpleListFilter):
             return queryset.filter(retries__gte=int(value[:-1]))
         if value.isdigit():
             return queryset.filter(retries=int(value))
+        return queryset
+
+
+class StateFilter(admin.SimpleListFilter):
+    """Filter outbox rows by state: held until their ETA, waiting for a retry, or due now."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [
+            ("scheduled", "scheduled (held until its ETA)"),
+            ("retrying", "waiting for a retry"),
+            ("due", "due now"),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        now = timezone.now()
+        tried = Q(retries__gt=0) | Q(last_error__isnull=False)
+        if self.value() == "scheduled":
+            return queryset.filter(retry_after__gt=now).exclude(tried)
+        if self.value() == "retrying":
+            return queryset.filter(tried, retry_after__gt=now)
+        if self.value() == "due":
+            return queryset.filter(Q(retry_after__isnull=True) | Q(retry_after__lte=now))
         return queryset
 
 
@@ -164,10 +192,12 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "task_id",
         "retries",
         "retry_after",
+        "eta",
         "last_error_preview",
         "created_at",
         "arguments",
     )
+    list_filter = (StateFilter, TaskNameFilter, RetriesFilter)  # type: ignore[assignment]
     fields = readonly_fields = (
         "id",
         "task_id",
@@ -182,7 +212,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "schema_version",
         "created_at",
     )
-    actions = ("reset_retries",)
+    actions = ("reset_retries", "cancel")
 
     @admin.display(description="last error")
     def last_error_preview(self, obj: OutboxMessage) -> str:
@@ -202,9 +232,40 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         self.message_user(
             request,
             f"Reset retries of {len(reset)} messages; skipped {skipped} "
-            "(held by a relay right now, or already published).",
+            "(held by a relay right now, already published, or held until their ETA: "
+            "use Cancel to remove those).",
             messages.WARNING if skipped else messages.SUCCESS,
         )
+
+    @admin.action(permissions=["change"], description="Cancel: remove from the outbox unpublished")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        """Remove the selected rows (held until their ETA, or not yet published) for good."""
+        selected = {
+            row_id: OutboxMessage(id=row_id, task_id=task_id, task_name=task_name)
+            for row_id, task_id, task_name in queryset.values_list("id", "task_id", "task_name")
+        }
+        cancelled = held.cancel_rows(list(selected), alias=conf.database_alias(), app=_celery_app())
+        self.log_rows(
+            request,
+            [selected[row.id] for row in cancelled],
+            "Cancelled: removed from the outbox before it was published (admin action).",
+        )
+        skipped = len(selected) - len(cancelled)
+        self.message_user(
+            request,
+            f"Cancelled {len(cancelled)} messages ({sum(r.held for r in cancelled)} held until "
+            f"their ETA); skipped {skipped} (being published by a relay right now, or already "
+            "published).",
+            messages.WARNING if skipped else messages.SUCCESS,
+        )
+
+
+def _celery_app() -> Any:
+    """The relay's Celery app, to mark cancelled tasks REVOKED; None when it is not set."""
+    try:
+        return conf.celery_app() if conf.celery_app_path() else None
+    except ConfigurationError:
+        return None
 
 
 def reset_retries(ids: list[int]) -> list[int]:

@@ -10,7 +10,7 @@ from typing import Any
 import celery
 from celery.result import AsyncResult
 
-from outbox_notify import batching, context, serialization, templates, writeconf
+from outbox_notify import batching, context, held, serialization, templates, writeconf
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -62,6 +62,9 @@ class RecordingProducer:
 
 class OutboxCelery(celery.Celery):
     """A Celery app whose send_task writes to the outbox table in the caller's transaction."""
+
+    # revoke() removes a task still waiting in the outbox before Celery's broadcast.
+    control_cls = "outbox_notify.held:OutboxControl"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -169,6 +172,9 @@ class OutboxCelery(celery.Celery):
             relative=relative,
             context=context.capture(settings.structlog_keys),
             sent_event=recorder.sent_event,
+            hold_until=held.hold_until(
+                publish_kwargs.get("headers") or {}, settings.hold_eta_after, self
+            ),
         )
         serialization.validate_row(row)
         return row

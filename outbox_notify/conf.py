@@ -29,6 +29,10 @@ DEFAULT_STATSD_PORT = 8125
 # max_message_size (16 MiB; 3.x: 128 MiB) and Redis's proto-max-bulk-len (512 MB) even after
 # the Redis transport's base64 (x 4/3) and envelope: see docs/reference.md#settings.
 DEFAULT_MAX_MESSAGE_BYTES = 10 * 1024 * 1024
+# Seconds. Tasks whose ETA is further ahead stay in the outbox until it (docs/concepts.md,
+# "Tasks held until their ETA"): far below RabbitMQ's consumer_timeout (30 min) and Redis's
+# visibility_timeout (1 h), far above the relay's sweep interval.
+DEFAULT_HOLD_ETA_AFTER = 60.0
 
 T = TypeVar("T")
 Redactor = Callable[[str, list[Any], dict[str, Any]], tuple[list[Any], dict[str, Any]]]
@@ -140,6 +144,10 @@ def _max_message_bytes(value: Any) -> int | None:
     return None if value is None else whole_number(value, minimum=1, unit=" of bytes, or None")
 
 
+def _hold_eta_after(value: Any) -> float | None:
+    return None if value is None else finite_number(value, unit=" of seconds, or None")
+
+
 # Every setting outbox-notify reads: (name after the prefix, default, parser). The unknown-
 # setting check suggests names from here, so a new setting must be added here too.
 SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
@@ -155,6 +163,7 @@ SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("STATSD_PREFIX", None, _optional_text),
     ("STATSD_TAGS", None, _statsd_tags),
     ("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes),
+    ("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after),
 )
 KNOWN_SETTINGS = frozenset(PREFIX + name for name, _, _ in SETTINGS)
 
@@ -227,6 +236,11 @@ def statsd() -> dict[str, Any] | None:
         "namespace": _read("STATSD_PREFIX", None, _optional_text) or None,
         "constant_tags": _read("STATSD_TAGS", None, _statsd_tags),
     }
+
+
+def hold_eta_after() -> float | None:
+    """Seconds of ETA beyond which a task is held in the outbox; None: never hold."""
+    return _read("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after)
 
 
 @functools.cache

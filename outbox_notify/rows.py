@@ -8,6 +8,7 @@ the same checks it would make; otherwise it goes through `connection.cursor()` a
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -41,6 +42,7 @@ def insert_row(row: OutboxRow, alias: str, app: Any) -> None:
             "options": row.options,
             "context": row.context,
             "schema_version": SCHEMA_VERSION,
+            "retry_after": row.hold_until,
         },
     )
     _announce(connection, (row,))
@@ -65,26 +67,29 @@ def insert_rows(rows: Sequence[OutboxRow], alias: str, app: Any) -> None:
 
 # COPY's text format: a backslash starts an escape, tab and newline end a field or a line.
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_VERSION_FIELD = f"\t{SCHEMA_VERSION}\n"
+# The last two fields: schema_version, and retry_after NULL (a row ready now).
+_READY_END = f"\t{SCHEMA_VERSION}\t\\N\n"
 
 
 def _copy_line(row: OutboxRow) -> str:
     """One row in COPY text format (psycopg's write_row does the same, per value, slower)."""
     # The JSON columns hold kombu's ASCII JSON: no tab, newline or carriage return can occur
     # in them (JSON escapes those), so doubling the backslashes is the whole escaping.
-    return (
-        "\t".join(
-            (
-                row.task_id.translate(_COPY_ESCAPES),
-                row.task_name.translate(_COPY_ESCAPES),
-                row.args.replace("\\", "\\\\"),
-                row.kwargs.replace("\\", "\\\\"),
-                row.options.replace("\\", "\\\\"),
-                row.context.replace("\\", "\\\\"),
-            )
+    return "\t".join(
+        (
+            row.task_id.translate(_COPY_ESCAPES),
+            row.task_name.translate(_COPY_ESCAPES),
+            row.args.replace("\\", "\\\\"),
+            row.kwargs.replace("\\", "\\\\"),
+            row.options.replace("\\", "\\\\"),
+            row.context.replace("\\", "\\\\"),
         )
-        + _VERSION_FIELD
-    )
+    ) + (_READY_END if row.hold_until is None else _held_end(row.hold_until))
+
+
+def _held_end(eta: dt.datetime) -> str:
+    """schema_version and retry_after for a task held until its ETA (isoformat needs no escape)."""
+    return f"\t{SCHEMA_VERSION}\t{eta.isoformat()}\n"
 
 
 def in_worker_task(app: Any) -> bool:

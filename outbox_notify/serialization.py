@@ -52,6 +52,8 @@ class OutboxRow:
     kwargs: str
     options: str
     context: str
+    # Stored in retry_after: the ETA of a task held in the outbox until it is due (held.py).
+    hold_until: datetime | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,6 +163,9 @@ def validate_row(row: OutboxRow) -> None:
         if "\x00" in value:
             # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
             raise SerializationError(f"the task {what} contains a NUL character")
+    if row.hold_until is not None and row.hold_until.tzinfo is None:
+        # A naive time would be read in the database session's time zone, not the ETA's.
+        raise SerializationError("the time a task is held until must carry a time zone")
     limits.check_message_size(row.task_name, row.args, row.kwargs, row.options)
 
 
@@ -202,11 +207,13 @@ def build_row(
     relative: Mapping[str, float],
     context: Mapping[str, Any],
     sent_event: Mapping[str, Any] | None = None,
+    hold_until: datetime | None = None,
 ) -> OutboxRow:
     """Turn a recorded `Producer.publish(body, **publish_kwargs)` call into outbox columns.
 
     `sent_event` holds the fields of the `task-sent` event Celery would have published with
     the message (when `task_send_sent_event` is on); the relay publishes it after the task.
+    `hold_until` is the ETA a task is held in the outbox until (held.hold_until), if any.
     """
     if not isinstance(body, tuple) or len(body) != 3:
         raise ConfigurationError(PROTOCOL_1_MESSAGE)
@@ -219,6 +226,7 @@ def build_row(
         kwargs=dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs"),
         options=options_text(publish_kwargs, headers, embed, relative, sent_event),
         context=dumps_context(context),
+        hold_until=hold_until,
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import psycopg
 from psycopg.rows import tuple_row
 
+from outbox_notify import held
 from outbox_notify import sql as sql_files
 
 EXACT_LIMIT = 10_000  # rows: a LIMITed count reads at most this many before estimating
@@ -62,12 +63,15 @@ class OutboxStats:
     claims_open: int
     oldest_claim_seconds: float
     exact: Mapping[str, bool]
+    # Rows held until an ETA still ahead (counted in queue_depth, not in due_now).
+    scheduled: held.Scheduled
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready data (the `outbox_stats --format json` document)."""
         data = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
         data["top_failing"] = [dataclasses.asdict(task) for task in self.top_failing]
         data["exact"] = dict(self.exact)
+        data["scheduled"] = held.as_json(self.scheduled)
         return data
 
 
@@ -160,12 +164,14 @@ def collect(
         dead = bounded_count(cur, "count_dead_letters_upto", "estimate_dead_letters", exact_limit)
         failing, failing_exact = top_failing(cur, top, failing_window)
         listening, claims, oldest_claim = relay_sessions(cur)
+        scheduled = held.scheduled(cur, exact_limit)
+        oldest = scalar(cur, "oldest_pending", {"window": exact_limit})
         return OutboxStats(
             queue_depth=depth.value,
-            due_now=max(depth.value - retrying.value, 0),
+            due_now=max(depth.value - retrying.value - scheduled.count, 0),
             retrying=retrying.value,
             dead_letter_count=dead.value,
-            oldest_pending_seconds=float(scalar(cur, "oldest_pending") or 0.0),
+            oldest_pending_seconds=float(oldest or 0.0),
             top_failing=failing,
             notify_queue_usage=float(scalar(cur, "notify_queue_usage")),
             relays_listening=listening,
@@ -173,11 +179,12 @@ def collect(
             oldest_claim_seconds=oldest_claim,
             exact={
                 "queue_depth": depth.exact,
-                "due_now": depth.exact and retrying.exact,
+                "due_now": depth.exact and retrying.exact and scheduled.exact,
                 "retrying": retrying.exact,
                 "dead_letter_count": dead.exact,
                 "top_failing": failing_exact,
             },
+            scheduled=scheduled,
         )
 
 
@@ -197,6 +204,7 @@ def format_text(stats: OutboxStats) -> str:
         f"relays_listening       {stats.relays_listening}",
         f"claims_open            {stats.claims_open}",
         f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
+        *held.as_text(stats.scheduled),
         f"top_failing{' (sample)' if mark('top_failing') else ''}:",
     ]
     lines += [

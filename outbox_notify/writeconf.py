@@ -1,7 +1,7 @@
 """The settings the write side reads on every enqueue, read once and kept until they change.
 
 `conf` reads `django.conf.settings` on every call, which is right for the relay and the
-commands; on the enqueue path the same three settings would be looked up and validated
+commands; on the enqueue path the same few settings would be looked up and validated
 again for every task. They are kept here instead and dropped whenever Django announces a
 settings change (`override_settings` in tests, `setting_changed`), so they stay lazy.
 """
@@ -23,6 +23,7 @@ class WriteSettings:
     alias: str
     exclude_tasks: frozenset[str]
     structlog_keys: frozenset[str] | None
+    hold_eta_after: float | None  # seconds; None: never hold a task in the outbox
 
 
 _current: list[WriteSettings] = []
@@ -36,6 +37,7 @@ def current() -> WriteSettings:
                 alias=conf.database_alias(),
                 exclude_tasks=conf.exclude_tasks(),
                 structlog_keys=conf.structlog_context_keys(),
+                hold_eta_after=conf.hold_eta_after(),
             )
         )
     return _current[0]

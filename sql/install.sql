@@ -27,16 +27,26 @@ CREATE TABLE outbox_notify_message_v1 (
     context json NOT NULL DEFAULT '{}',
     schema_version smallint NOT NULL,
     retries integer NOT NULL DEFAULT 0,
-    -- NULL for a row never tried; otherwise the earliest time it may be claimed again.
+    -- NULL for a row that may be published now; otherwise the earliest time it may be
+    -- claimed: the next try of a failed row, or the ETA of a row held until it is due
+    -- (OUTBOX_NOTIFY_HOLD_ETA_AFTER). A held row is one never tried: retries = 0 and
+    -- last_error IS NULL.
     retry_after timestamptz,
     last_error text,
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- Finds the next retry that falls due, so the relay can set its timer instead of polling.
+-- "Scheduled": retries and held rows by the time they fall due. The claim takes the due ones
+-- from its low end, and the relay sets its timer from the first one ahead, instead of polling.
 CREATE INDEX outbox_notify_message_v1_retry_after_idx
     ON outbox_notify_message_v1 (retry_after)
     WHERE retry_after IS NOT NULL;
+
+-- "Ready now": the rows with no retry_after, in claim order, so that a million held rows
+-- never stand between a claim and the ready ones (migration 0003_held; docs/concepts.md).
+CREATE INDEX outbox_notify_message_v1_ready_idx
+    ON outbox_notify_message_v1 (id)
+    WHERE retry_after IS NULL;
 
 -- Admin search and operator look-ups by Celery task id.
 CREATE INDEX outbox_notify_message_v1_task_id_idx

@@ -16,12 +16,18 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1;
 
 -- name: count_retrying_upto
 -- Rows waiting for a retry that is not due yet; read through the partial retry_after index.
+-- A row never tried (retries = 0, no last_error) is held until its ETA, not retrying: see
+-- sql/held.sql.
 SELECT count(*) FROM (
-    SELECT 1 FROM outbox_notify_message_v1 WHERE retry_after > now() LIMIT %(limit)s
+    SELECT 1 FROM outbox_notify_message_v1
+    WHERE retry_after > now() AND (retries > 0 OR last_error IS NOT NULL)
+    LIMIT %(limit)s
 ) AS capped;
 
 -- name: estimate_retrying
-EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1 WHERE retry_after > now();
+EXPLAIN (FORMAT JSON)
+SELECT 1 FROM outbox_notify_message_v1
+WHERE retry_after > now() AND (retries > 0 OR last_error IS NOT NULL);
 
 -- name: count_dead_letters_upto
 SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped;
@@ -30,11 +36,27 @@ SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s
 EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_dead_letter_v1;
 
 -- name: oldest_pending
--- Age of the oldest row, found through the primary key (ids grow with created_at).
-SELECT greatest(extract(epoch FROM clock_timestamp() - created_at), 0)::float8
-FROM outbox_notify_message_v1
-ORDER BY id
-LIMIT 1;
+-- Age of the oldest pending row. A row held until its ETA is not pending before its ETA, and
+-- its age counts from the ETA after it; every other row's counts from created_at. The oldest
+-- ready row comes first in the "ready now" index (ids grow with created_at); the scheduled
+-- rows (retries, held rows) are read in retry_after order, up to %(window)s of them, so a
+-- million rows held for tomorrow cost nothing.
+SELECT greatest(
+    (SELECT extract(epoch FROM clock_timestamp() - created_at)
+     FROM outbox_notify_message_v1
+     WHERE retry_after IS NULL
+     ORDER BY id
+     LIMIT 1),
+    (SELECT extract(epoch FROM clock_timestamp() - min(
+                CASE WHEN retries > 0 OR last_error IS NOT NULL THEN created_at
+                     WHEN retry_after <= now() THEN greatest(created_at, retry_after)
+                END))
+     FROM (SELECT created_at, retry_after, retries, last_error
+           FROM outbox_notify_message_v1
+           WHERE retry_after IS NOT NULL
+           ORDER BY retry_after
+           LIMIT %(window)s) AS scheduled),
+    0)::float8;
 
 -- name: top_failing
 -- Task names with the most retries, over bounded windows: up to %(window)s failing outbox
@@ -168,10 +190,12 @@ ORDER BY id;
 -- name: reset_retries
 -- Admin action: make failed rows due now with a fresh retry budget. Rows a relay holds in an
 -- open claim are skipped (SKIP LOCKED), never waited for or overwritten; the caller counts
--- them from what is returned.
+-- them from what is returned. A row held until its ETA (never tried) is left alone: resetting
+-- it would publish it early.
 UPDATE outbox_notify_message_v1
 SET retries = 0, retry_after = NULL
 WHERE id = ANY(%(ids)s::bigint[])
+  AND (retry_after IS NULL OR retries > 0 OR last_error IS NOT NULL)
   AND id IN (
       SELECT id FROM outbox_notify_message_v1
       WHERE id = ANY(%(ids)s::bigint[])

@@ -2,18 +2,19 @@
 -- Each section starts with a `-- name: NAME` line. Parameters use psycopg's %(name)s style.
 
 -- name: insert_message
--- The write side: one row per message, in the caller's transaction.
+-- The write side: one row per message, in the caller's transaction. retry_after is NULL,
+-- or the ETA of a task held in the outbox until it is due.
 INSERT INTO outbox_notify_message_v1
-    (task_id, task_name, args, kwargs, options, context, schema_version)
+    (task_id, task_name, args, kwargs, options, context, schema_version, retry_after)
 VALUES
     (%(task_id)s, %(task_name)s, %(args)s::json, %(kwargs)s::json, %(options)s::json,
-     %(context)s::json, %(schema_version)s);
+     %(context)s::json, %(schema_version)s, %(retry_after)s);
 
 -- name: copy_messages
 -- The bulk write side: many rows in one COPY, in the caller's transaction. COPY fires the
 -- statement-level wake-up trigger like an INSERT does.
 COPY outbox_notify_message_v1
-    (task_id, task_name, args, kwargs, options, context, schema_version)
+    (task_id, task_name, args, kwargs, options, context, schema_version, retry_after)
 FROM STDIN;
 
 -- name: claim_batch
@@ -22,14 +23,41 @@ FROM STDIN;
 -- this relay commits, rolls back or dies. Rows of a newer schema_version are left for a newer
 -- relay. (A plain SELECT ... LIMIT ... FOR UPDATE: the LIMIT sits above the row locking, so
 -- the planner cannot lock more rows than it returns.)
-SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
-       retries, schema_version, created_at
-FROM outbox_notify_message_v1
-WHERE (retry_after IS NULL OR retry_after <= now())
-  AND schema_version <= %(max_version)s
-ORDER BY id
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED;
+--
+-- Two scans, one per index, so rows held until a later ETA cost a claim nothing: first the
+-- due rows of the "scheduled" index (retries and held rows whose time has come, longest due
+-- first), then the ready rows of the "ready now" index in id order. A CTE is read only as far
+-- as the outer LIMIT asks, and each locks only what it returns, so the two lock at most
+-- %(limit)s rows together. (One scan with `retry_after IS NULL OR retry_after <= now()` walks
+-- the primary key and steps over every held row: docs/concepts.md shows both plans.)
+-- created_at is, for a held row, its ETA: the relay's lag metric counts from the moment a
+-- row became publishable.
+WITH due AS (
+    SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
+           retries, schema_version,
+           CASE WHEN retries = 0 AND last_error IS NULL
+                THEN greatest(created_at, retry_after) ELSE created_at END
+    FROM outbox_notify_message_v1
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
+           retries, schema_version, created_at
+    FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM due
+UNION ALL
+SELECT * FROM ready
+LIMIT %(limit)s;
 
 -- name: delete_published
 -- The common end of a batch: every message went out.
@@ -68,21 +96,32 @@ FROM dead;
 
 -- name: peek
 -- Before sleeping: is there a row this relay could claim now, is there a due row another
--- relay holds, and in how many seconds does the next retry fall due?
-WITH claimable AS (
+-- relay holds, and in how many seconds does the next retry or held row fall due? Each test
+-- reads one index ("ready now" or "scheduled") from its end, so held rows cost nothing here.
+WITH due AS (
     SELECT id FROM outbox_notify_message_v1
-    WHERE (retry_after IS NULL OR retry_after <= now())
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
       AND schema_version <= %(max_version)s
     ORDER BY id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
 SELECT
-    EXISTS (SELECT 1 FROM claimable) AS claimable,
+    EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable,
     EXISTS (
         SELECT 1 FROM outbox_notify_message_v1
-        WHERE (retry_after IS NULL OR retry_after <= now())
-          AND schema_version <= %(max_version)s
+        WHERE retry_after <= now() AND schema_version <= %(max_version)s
+    ) OR EXISTS (
+        SELECT 1 FROM outbox_notify_message_v1
+        WHERE retry_after IS NULL AND schema_version <= %(max_version)s
     ) AS due,
     (SELECT extract(epoch FROM min(retry_after) - now())::float8
      FROM outbox_notify_message_v1 WHERE retry_after > now()) AS next_due_in;

@@ -190,7 +190,8 @@ def test_reset_retries_skips_rows_a_relay_holds_and_logs_each_change(
         operator, OUTBOX_LIST, "reset_retries", [free[0].id, free[1].id, held.id]
     )
     assert messages_of(response) == [
-        "Reset retries of 2 messages; skipped 1 (held by a relay right now, or already published)."
+        "Reset retries of 2 messages; skipped 1 (held by a relay right now, already published, "
+        "or held until their ETA: use Cancel to remove those)."
     ]
     for row in free:
         row.refresh_from_db()

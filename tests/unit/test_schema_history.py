@@ -32,6 +32,10 @@ RELEASED = {
     "outbox_notify/migrations/0001_initial.py": "c4e53433b746550222622470e6806fcab928c14b72139c1902980b93fb702290",
     # State only (the models' Python defaults); runs no SQL.
     "outbox_notify/migrations/0002_model_defaults.py": "e17e4f6f6fa5a43e4edca979775381ea7048b4e3cd8bf48a6a1b0d559f09718e",
+    # The "ready now" index for rows held until their ETA (unreleased: may still change).
+    "sql/migrations/0003_held.sql": "bde31927662a1251cf393360b991dd49a4f693e4ab59189ce06f007824965284",
+    "sql/migrations/0003_held.reverse.sql": "0e594d25caa50a37074668fbe04aca9946b4db8051f9c24a040cb47dd814eae1",
+    "outbox_notify/migrations/0003_held.py": "38b952792e9fbb90592890d8552df294fc5fba45c0ad975476fb81ccaa5560f4",
 }
 
 EDITED = (
