@@ -162,6 +162,25 @@ SELECT set_config('idle_session_timeout', %(timeout_ms)s, false), pg_advisory_lo
 -- name: release_wake_lock_bounded
 SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0', false);
 
+-- name: queue_gauges
+-- The relay's queue gauges, from the outbox table alone (the relay role may read nothing
+-- else): the depth, exact up to %(limit)s rows and beyond that the planner's way of
+-- estimating it (rows per page at the last ANALYZE times the table's pages now), and the
+-- oldest row's age on the database's clock.
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped)
+        AS counted,
+    (SELECT CASE WHEN c.relpages > 0 AND c.reltuples > 0
+                 THEN (c.reltuples / c.relpages
+                       * (pg_relation_size(c.oid) / current_setting('block_size')::float8))
+            END
+     FROM pg_class AS c
+     WHERE c.oid = 'outbox_notify_message_v1'::regclass)::float8 AS estimated,
+    (SELECT greatest(extract(epoch FROM clock_timestamp() - created_at), 0)::float8
+     FROM outbox_notify_message_v1
+     ORDER BY id
+     LIMIT 1) AS oldest_seconds;
+
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or
 -- writers whose transactions are still open (shared)?

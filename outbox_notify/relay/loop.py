@@ -20,7 +20,7 @@ from pathlib import Path
 import structlog
 
 from outbox_notify import observability, signals
-from outbox_notify.exceptions import DatabaseUnavailable, UndecodableMessage
+from outbox_notify.exceptions import DatabaseUnavailable, GaugeUnavailable, UndecodableMessage
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
@@ -168,8 +168,13 @@ class Relay:
         if isinstance(self.metrics, NullMetrics) or self.clock.monotonic() < self.next_gauges:
             return
         self.next_gauges = self.clock.monotonic() + self.GAUGE_INTERVAL
-        depth, oldest = self.store.queue_gauges()
-        self.metrics.queue(depth, oldest)
+        try:
+            gauges = self.store.queue_gauges()
+        except GaugeUnavailable as exc:
+            # The connection is fine: report it and try again next interval, nothing more.
+            log.warning("outbox.gauges_failed", error=str(exc))
+            return
+        self.metrics.queue(gauges.depth, gauges.oldest_seconds)
 
     def drain(self) -> bool:
         """Process batches until one comes back short; False when the broker is down.

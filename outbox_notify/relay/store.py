@@ -16,7 +16,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from outbox_notify import sql
-from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable
+from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable, GaugeUnavailable
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
 from outbox_notify.serialization import SCHEMA_VERSION
 
@@ -28,6 +28,7 @@ KEEPALIVES = {
     "keepalives_count": 3,
 }
 CONNECT_TIMEOUT = 10  # seconds
+GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estimates
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +84,14 @@ class Peek:
     next_due_in: float | None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueGauges:
+    """The outbox's depth (exact up to GAUGE_EXACT_LIMIT rows) and its oldest row's age."""
+
+    depth: int
+    oldest_seconds: float
+
+
 class Store(Protocol):
     """What the relay loop needs from its claim side (ClaimStore; a savepoint store in tests)."""
 
@@ -90,7 +99,7 @@ class Store(Protocol):
     def close(self) -> None: ...
     def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
     def peek(self) -> Peek: ...
-    def queue_gauges(self) -> tuple[int, float]: ...
+    def queue_gauges(self) -> QueueGauges: ...
     def send_probe(self, payload: str) -> None: ...
 
 
@@ -204,15 +213,31 @@ class ClaimStore:
             conn.execute(self.queries["notify_probe"], {"payload": payload})
             conn.commit()
 
-    def queue_gauges(self) -> tuple[int, float]:
-        """Queue depth and the oldest pending row's age in seconds (cheap, estimated when large)."""
-        from outbox_notify import stats
+    def queue_gauges(self) -> QueueGauges:
+        """Queue depth and the oldest row's age, from the outbox table alone, in one statement.
 
+        A failure that leaves the connection usable (a permission, a timeout) raises
+        GaugeUnavailable, so a gauge never costs the relay its connections.
+        """
         conn = self._connection()
         with translated("sampling queue gauges"):
-            snapshot = stats.collect(conn, top=0)
-            conn.commit()
-        return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
+            conn.autocommit = True  # one statement, no BEGIN/COMMIT around it
+            try:
+                row = self._gauge_row(conn)
+            finally:
+                conn.autocommit = False
+        counted, estimated, oldest = row or (0, None, None)
+        return gauges_from(int(counted), estimated, oldest)
+
+    def _gauge_row(self, conn: psycopg.Connection[Any]) -> Any:
+        try:
+            return conn.execute(
+                self.queries["queue_gauges"], {"limit": GAUGE_EXACT_LIMIT + 1}
+            ).fetchone()
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                raise  # translated into DatabaseUnavailable by the caller
+            raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
 
 
 class Claim:
@@ -227,6 +252,14 @@ class Claim:
         """Apply the outcome and commit; rows not named in it are released untouched."""
         self.store.finish(outcome)
         self.finished = True
+
+
+def gauges_from(counted: int, estimated: float | None, oldest: float | None) -> QueueGauges:
+    """The gauges from the queue_gauges query: the exact count while it stays under the cap."""
+    depth = counted
+    if counted > GAUGE_EXACT_LIMIT:
+        depth = max(counted, round(estimated or 0.0))
+    return QueueGauges(depth=depth, oldest_seconds=float(oldest or 0.0))
 
 
 def finalize_params(outcome: Outcome) -> dict[str, Any]:

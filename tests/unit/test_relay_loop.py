@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
+from outbox_notify.exceptions import GaugeUnavailable
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, Peek
+from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, QueueGauges
 
 OPTIONS = json.dumps({"headers": {"id": "x", "task": "t"}, "exchange": "", "routing_key": "q"})
 
@@ -47,6 +48,7 @@ class FakeStore:
         self.rows = rows
         self.finished: list[Outcome] = []
         self.gauges = 0
+        self.gauge_error: str | None = None
 
     def connect(self) -> None: ...
     def close(self) -> None: ...
@@ -67,9 +69,11 @@ class FakeStore:
     def peek(self) -> Peek:
         return Peek(claimable=bool(self.rows), due=bool(self.rows), next_due_in=None)
 
-    def queue_gauges(self) -> tuple[int, float]:
+    def queue_gauges(self) -> QueueGauges:
         self.gauges += 1
-        return len(self.rows), 1.5
+        if self.gauge_error is not None:
+            raise GaugeUnavailable(self.gauge_error)
+        return QueueGauges(depth=len(self.rows), oldest_seconds=1.5)
 
 
 class ScriptedPublisher:
@@ -207,3 +211,20 @@ def test_outage_error_text_reaches_the_log() -> None:
         r.process_batch()
     [event] = [e for e in logs if e["event"] == "outbox.broker_unavailable"]
     assert event["error"] == "ConnectionError: refused"
+
+
+def test_a_gauge_error_is_logged_and_the_relay_carries_on() -> None:
+    """A gauge query that fails (a permission, a timeout) is a warning, never a reconnect."""
+    import structlog
+
+    metrics = RecordingMetrics()
+    store = FakeStore([row(1)])
+    store.gauge_error = "permission denied for table outbox_notify_dead_letter_v1"
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
+    with structlog.testing.capture_logs() as logs:
+        r.drain()  # samples the gauges first; must not raise DatabaseUnavailable
+    assert list(store.finished[0].published) == [1]
+    [event] = [e for e in logs if e["event"] == "outbox.gauges_failed"]
+    assert "permission denied" in event["error"]
+    assert not any(name == "queue" for name, _ in metrics.calls)
+    assert store.gauges == 1  # and not again before GAUGE_INTERVAL
