@@ -20,6 +20,7 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
+from outbox_notify.relay.runner import reporters
 from outbox_notify.relay.store import (
     GAUGE_EXACT_LIMIT,
     ClaimedRow,
@@ -153,6 +154,7 @@ class FakeRelay:
             store=SavepointStore(conf.database_alias()),
             listener=None,
             publisher=self.publisher,
+            reporters=reporters(),  # the same signals (and Sentry reports) as a real relay
         )
 
     @property

@@ -31,12 +31,15 @@ FROM STDIN;
 -- %(limit)s rows together. (One scan with `retry_after IS NULL OR retry_after <= now()` walks
 -- the primary key and steps over every held row: docs/concepts.md shows both plans.)
 -- created_at is, for a held row, its ETA: the relay's lag metric counts from the moment a
--- row became publishable.
+-- row became publishable. The last column is that moment's age at the claim, on the
+-- database's clock, so the lag never compares the relay host's clock with the server's.
 WITH due AS (
     SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
            retries, schema_version,
            CASE WHEN retries = 0 AND last_error IS NULL
-                THEN greatest(created_at, retry_after) ELSE created_at END
+                THEN greatest(created_at, retry_after) ELSE created_at END,
+           greatest(extract(epoch FROM now() - CASE WHEN retries = 0 AND last_error IS NULL
+                THEN greatest(created_at, retry_after) ELSE created_at END), 0)::float8
     FROM outbox_notify_message_v1
     WHERE retry_after <= now()
       AND schema_version <= %(max_version)s
@@ -46,7 +49,8 @@ WITH due AS (
 ),
 ready AS (
     SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
-           retries, schema_version, created_at
+           retries, schema_version, created_at,
+           greatest(extract(epoch FROM now() - created_at), 0)::float8 AS age
     FROM outbox_notify_message_v1
     WHERE retry_after IS NULL
       AND schema_version <= %(max_version)s

@@ -11,8 +11,8 @@ import enum
 import os
 import select
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -41,6 +41,25 @@ class Wake(enum.Enum):
     NOTIFIED = "notified"
     TIMEOUT = "timeout"
     SIGNAL = "signal"
+
+
+class WakeChannel(Protocol):
+    """What the relay loop needs from its LISTEN side (Listener; a fake in unit tests)."""
+
+    wake_fd: int | None  # readable when a stop signal arrived (None: no signal wake-ups)
+
+    @property
+    def connected(self) -> bool: ...
+
+    def connect(self) -> None: ...
+    def probe(self, send: Callable[[str], None]) -> bool: ...
+    def listen(self) -> None: ...
+    def close(self) -> None: ...
+    def take_lock(self) -> LockState: ...
+    def release_lock(self) -> None: ...
+    def peek(self) -> Peek: ...
+    def drain_pending(self) -> int: ...
+    def wait(self, timeout: float) -> Wake: ...
 
 
 class Listener:
@@ -99,6 +118,11 @@ class Listener:
         self.conn = None
         self.holds_lock = False
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open (it may still turn out broken when used)."""
+        return self.conn is not None
+
     def _connection(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
             raise DatabaseUnavailable("the LISTEN connection is not open")
@@ -134,24 +158,33 @@ class Listener:
     def take_lock(self) -> LockState:
         """Try, for at most lock_wait, to take the wake lock before sleeping."""
         conn = self._connection()
+        with self._closing_on_failure("taking the wake lock"):
+            try:
+                if self.bounded:
+                    conn.execute(
+                        self.queries["take_wake_lock_bounded"],
+                        {"timeout_ms": self.stale_timeout_ms},
+                    )
+                else:
+                    conn.execute(self.queries["take_wake_lock"])
+            except pg_errors.LockNotAvailable:
+                return self._holder(conn)
+        self.holds_lock = True
+        return LockState.HELD
+
+    def _holder(self, conn: psycopg.Connection[Any]) -> LockState:
+        row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
+        return LockState.PEER if row and row[0] else LockState.WRITERS
+
+    @contextlib.contextmanager
+    def _closing_on_failure(self, what: str) -> Iterator[None]:
+        """translated(), and a connection that failed is closed (its lock state is unknown)."""
         try:
-            with translated("taking the wake lock"):
-                try:
-                    if self.bounded:
-                        conn.execute(
-                            self.queries["take_wake_lock_bounded"],
-                            {"timeout_ms": self.stale_timeout_ms},
-                        )
-                    else:
-                        conn.execute(self.queries["take_wake_lock"])
-                except pg_errors.LockNotAvailable:
-                    row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
-                    return LockState.PEER if row and row[0] else LockState.WRITERS
+            with translated(what):
+                yield
         except DatabaseUnavailable:
             self.close()
             raise
-        self.holds_lock = True
-        return LockState.HELD
 
     def release_lock(self) -> None:
         """Give the wake lock back: from now on writers stop notifying."""

@@ -5,29 +5,32 @@ drain:  claim a batch (row locks in an open transaction), publish it, finalise i
 sleep:  take the wake lock (writers notify from now on), peek once more for work that
         committed before the lock, then block on LISTEN until a notification, the next
         retry's due time, the sweep timer, or a signal.
+
+The core imports nothing from Django: runner.py builds its seams (Store, WakeChannel,
+Publisher, Metrics, Reporter) from the settings.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import os
 import select
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
-from outbox_notify import observability, signals
 from outbox_notify.exceptions import DatabaseUnavailable, GaugeUnavailable, UndecodableMessage
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import Listener, LockState, Wake
+from outbox_notify.relay.listener import LockState, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import Publisher
+from outbox_notify.relay.reporting import BatchReport, MetricsReporter, Reporter, Reporters
 from outbox_notify.relay.store import ClaimedRow, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
@@ -51,10 +54,11 @@ class Relay:
         config: RelayConfig,
         *,
         store: Store,
-        listener: Listener | None,
+        listener: WakeChannel | None,
         publisher: Publisher,
         clock: Clock | None = None,
         metrics: Metrics | None = None,
+        reporters: Sequence[Reporter] = (),
     ) -> None:
         self.config = config
         self.store = store
@@ -62,6 +66,7 @@ class Relay:
         self.publisher = publisher
         self.clock = clock or SystemClock()
         self.metrics = metrics or NullMetrics()
+        self.reporters = Reporters([MetricsReporter(self.metrics), *reporters])
         self.policy = OutcomePolicy(config, Backoff(config.backoff_time, config.max_backoff))
         self.breaker = Breaker(config.breaker_threshold, config.broker_outage_cooldown, self.clock)
         self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)
@@ -222,7 +227,7 @@ class Relay:
 
     def peek(self) -> Peek:
         """One indexed look at the table: on the LISTEN connection when there is one."""
-        if self.listener is not None and self.listener.conn is not None and not self.polling:
+        if self.listener is not None and self.listener.connected and not self.polling:
             return self.listener.peek()
         return self.store.peek()
 
@@ -249,7 +254,7 @@ class Relay:
         return Wake.SIGNAL
 
     def _wait_slice(self, timeout: float) -> Wake:
-        if self.listener is not None and self.listener.conn is not None:
+        if self.listener is not None and self.listener.connected:
             return self.listener.wait(timeout)
         return self.pause(timeout)
 
@@ -304,24 +309,15 @@ class Relay:
         )
 
     def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
-        """Signals, metrics, logs and breaker bookkeeping, once the outcome is committed."""
-        self.metrics.batch(claimed, seconds)
-        self._report_published(decided.published)
-        self._report_failures(decided)
+        """Reporters, logs and breaker bookkeeping, once the outcome is committed."""
+        self.reporters.batch_committed(
+            BatchReport(
+                decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
+            )
+        )
+        self._log_failures(decided)
         if decided.outages:
-            self.metrics.deferred(decided.outages)
-            if self.breaker.record_outage():
-                log.error(
-                    "outbox.breaker_opened",
-                    cooldown=self.config.broker_outage_cooldown,
-                    error=decided.outage_error,
-                )
-            else:
-                log.warning(
-                    "outbox.broker_unavailable",
-                    deferred=decided.outages,
-                    error=decided.outage_error,
-                )
+            self._record_outage(decided)
         elif decided.published and self.breaker.record_success():
             log.info("outbox.breaker_closed")
         log.debug(
@@ -335,20 +331,20 @@ class Relay:
             seconds=round(seconds, 6),
         )
 
-    def _report_published(self, rows: list[ClaimedRow]) -> None:
-        if not rows:
-            return
-        for name, count in collections.Counter(r.task_name for r in rows).items():
-            self.metrics.published(name, count)
-        oldest = min(r.created_at for r in rows)
-        self.metrics.lag((dt.datetime.now(dt.UTC) - oldest).total_seconds())
-        if observability.has_receivers(signals.outbox_message_sent):
-            for row in rows:
-                observability.message_sent(row.task_id, row.task_name)
+    def _record_outage(self, decided: Decided) -> None:
+        if self.breaker.record_outage():
+            log.error(
+                "outbox.breaker_opened",
+                cooldown=self.config.broker_outage_cooldown,
+                error=decided.outage_error,
+            )
+        else:
+            log.warning(
+                "outbox.broker_unavailable", deferred=decided.outages, error=decided.outage_error
+            )
 
-    def _report_failures(self, decided: Decided) -> None:
+    def _log_failures(self, decided: Decided) -> None:
         for row, retry in decided.retried:
-            self.metrics.failed(row.task_name)
             log.warning(
                 "outbox.publish_failed",
                 task_id=row.task_id,
@@ -357,37 +353,13 @@ class Relay:
                 retry_in=round(retry.delay, 3),
                 error=retry.error,
             )
-            observability.message_failed(row.task_id, row.task_name, retry.retries)
-            if row.retries == 0:
-                observability.report_to_sentry(
-                    task_id=row.task_id,
-                    task_name=row.task_name,
-                    retries=retry.retries,
-                    error=retry.error,
-                    dead=False,
-                )
-        if decided.dead:
-            self._report_dead(decided)
-
-    def _report_dead(self, decided: Decided) -> None:
         for row, dead in decided.dead:
-            self.metrics.dead_lettered(row.task_name)
             log.error(
                 "outbox.dead_lettered",
                 task_id=row.task_id,
                 task_name=row.task_name,
                 reason=dead.reason,
             )
-            observability.report_to_sentry(
-                task_id=row.task_id,
-                task_name=row.task_name,
-                retries=dead.retries,
-                error=dead.reason,
-                dead=True,
-            )
-        observability.messages_dead_lettered(
-            [row.task_id for row, _ in decided.dead], [row.task_name for row, _ in decided.dead]
-        )
 
     # -- liveness ------------------------------------------------------------------------
 
@@ -402,3 +374,14 @@ class Relay:
             path.touch()
         except OSError as exc:
             log.warning("outbox.liveness_file_error", path=str(path), error=str(exc))
+
+
+def lag(decided: Decided, seconds: float) -> float | None:
+    """Seconds from the oldest published row's write to the batch's commit, on one clock.
+
+    Its age at the claim comes from the database (created_at and now() on the same server);
+    the batch's duration from the relay's monotonic clock. No wall clocks are compared.
+    """
+    if not decided.published:
+        return None
+    return max(row.age for row in decided.published) + seconds

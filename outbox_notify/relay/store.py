@@ -45,6 +45,8 @@ class ClaimedRow:
     retries: int
     schema_version: int
     created_at: dt.datetime
+    # Seconds since created_at when the claim began, on the database's clock.
+    age: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,25 +94,34 @@ class QueueGauges:
     oldest_seconds: float
 
 
+class OpenClaim(Protocol):
+    """The rows of one open claim, and the way to end it (rows not named are released)."""
+
+    @property
+    def rows(self) -> list[ClaimedRow]: ...
+
+    def finish(self, outcome: Outcome) -> None: ...
+
+
 class Store(Protocol):
     """What the relay loop needs from its claim side (ClaimStore; a savepoint store in tests)."""
 
     def connect(self) -> None: ...
     def close(self) -> None: ...
-    def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
+    def claim(self, limit: int) -> contextlib.AbstractContextManager[OpenClaim]: ...
     def peek(self) -> Peek: ...
     def queue_gauges(self) -> QueueGauges: ...
     def send_probe(self, payload: str) -> None: ...
 
 
 def connection_kwargs(alias: str) -> dict[str, Any]:
-    """psycopg.connect() keywords for a Django alias (Django's own adapters removed)."""
-    from django.db import connections
+    """psycopg.connect() keywords for a Django alias (see runner.connection_kwargs).
 
-    params = dict(connections[alias].get_connection_params())
-    for django_only in ("cursor_factory", "context", "server_side_binding", "pool"):
-        params.pop(django_only, None)
-    return params
+    Kept here for the callers that import it from the store; the store itself never calls it.
+    """
+    from outbox_notify.relay import runner
+
+    return runner.connection_kwargs(alias)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""The claim store's gauges against a real PostgreSQL: the outbox table only, the
-database's clock, and failures that never cost the connection."""
+"""The claim store's gauges and row ages against a real PostgreSQL: the outbox table only,
+the database's clock, and failures that never cost the connection."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from django.db import connection
 
 from outbox_notify.exceptions import GaugeUnavailable
 from outbox_notify.relay import store as store_module
-from outbox_notify.relay.store import ClaimStore, Outcome, connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
+from outbox_notify.relay.store import ClaimStore, Outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: the store has its own connection and sees only committed rows.
@@ -73,3 +74,11 @@ def test_a_failing_gauge_query_leaves_the_connection_usable(store: ClaimStore) -
         assert [r.task_id for r in claim.rows] == ["g-1"]
         claim.finish(Outcome(published=[claim.rows[0].id]))
     assert store.queue_gauges().depth == 0
+
+
+def test_claimed_rows_carry_their_age_on_the_database_clock(store: ClaimStore) -> None:
+    """Each claimed row's `age` is now() - created_at as the server sees it (for the lag)."""
+    insert_aged(1, 120.0)
+    with store.claim(10) as claim:
+        [row] = claim.rows
+    assert 120.0 <= row.age < 120.0 + 60

@@ -2,103 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
-from outbox_notify.exceptions import GaugeUnavailable
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
-from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, QueueGauges
-
-OPTIONS = json.dumps({"headers": {"id": "x", "task": "t"}, "exchange": "", "routing_key": "q"})
-
-
-def row(n: int, retries: int = 0, options: str = OPTIONS) -> ClaimedRow:
-    return ClaimedRow(
-        n, f"id-{n}", "t", "[]", "{}", options, "{}", retries, 1, dt.datetime.now(dt.UTC)
-    )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-class FakeClaim:
-    def __init__(self, rows: list[ClaimedRow]) -> None:
-        self.rows = rows
-        self.outcome: Outcome | None = None
-
-    def finish(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-
-
-class FakeStore:
-    def __init__(self, rows: list[ClaimedRow]) -> None:
-        self.rows = rows
-        self.finished: list[Outcome] = []
-        self.gauges = 0
-        self.gauge_error: str | None = None
-
-    def connect(self) -> None: ...
-    def close(self) -> None: ...
-
-    @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[FakeClaim]:
-        claim = FakeClaim(self.rows[:limit])
-        yield claim
-        if claim.outcome is not None:
-            self.finished.append(claim.outcome)
-            gone = (
-                set(claim.outcome.published)
-                | {d.id for d in claim.outcome.dead}
-                | {r.id for r in claim.outcome.retry}
-            )
-            self.rows = [r for r in self.rows if r.id not in gone]
-
-    def peek(self) -> Peek:
-        return Peek(claimable=bool(self.rows), due=bool(self.rows), next_due_in=None)
-
-    def queue_gauges(self) -> QueueGauges:
-        self.gauges += 1
-        if self.gauge_error is not None:
-            raise GaugeUnavailable(self.gauge_error)
-        return QueueGauges(depth=len(self.rows), oldest_seconds=1.5)
-
-
-class ScriptedPublisher:
-    """Answers each publish with results from a function of the message."""
-
-    def __init__(self, answer: Callable[[OutgoingMessage], Attempt]) -> None:
-        self.answer = answer
-        self.calls = 0
-
-    def publish(
-        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
-    ) -> list[Attempt]:
-        self.calls += 1
-        return [self.answer(m) for m in messages]
-
-    def check(self) -> None: ...
-    def close(self) -> None: ...
-
-
-class RecordingMetrics:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args: self.calls.append((name, args))
+from tests.unit.fakes import FakeClock, FakeStore, RecordingMetrics, ScriptedPublisher, row
 
 
 def relay(
