@@ -166,6 +166,51 @@ SELECT set_config('idle_session_timeout', %(timeout_ms)s, false), pg_advisory_lo
 -- name: release_wake_lock_bounded
 SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0', false);
 
+-- name: await_wake_lock
+-- While writers' open transactions hold the wake lock (a writer inserted while every relay
+-- was draining, and keeps its transaction open): if a row is claimable now, say so and do not
+-- queue; otherwise queue for the lock for at most the session's lock_timeout. The writers'
+-- commit hands the lock over at once, so their rows are found without delay; a lock timeout
+-- (an error) means they still hold it. The CASE evaluates the lock only when nothing is
+-- claimable. One statement per lock_timeout is all a relay spends waiting for writers.
+WITH claimable AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE (retry_after IS NULL OR retry_after <= now())
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+found AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM claimable) AS claimable
+)
+SELECT claimable,
+       CASE WHEN claimable THEN false
+            ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1))
+       END AS locked
+FROM found;
+
+-- name: await_wake_lock_bounded
+-- await_wake_lock on PostgreSQL 14+, setting idle_session_timeout with the lock as
+-- take_wake_lock_bounded does (set_config is undone with the statement on a lock timeout).
+WITH claimable AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE (retry_after IS NULL OR retry_after <= now())
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+found AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM claimable) AS claimable
+)
+SELECT claimable,
+       CASE WHEN claimable THEN false
+            ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1)
+                  WHERE set_config('idle_session_timeout', %(timeout_ms)s, false) IS NOT NULL)
+       END AS locked
+FROM found;
+
 -- name: queue_gauges
 -- The relay's queue gauges, from the outbox table alone (the relay role may read nothing
 -- else): the depth, exact up to %(limit)s rows and beyond that the planner's way of

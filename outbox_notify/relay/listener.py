@@ -43,6 +43,14 @@ class Wake(enum.Enum):
     SIGNAL = "signal"
 
 
+class Outwait(enum.Enum):
+    """How one wait behind writers that hold the wake lock ended."""
+
+    LOCKED = "locked"  # the writers finished: this relay holds the lock now
+    CLAIMABLE = "claimable"  # a row is claimable: drain (the lock was not asked for)
+    TIMED_OUT = "timed_out"  # still held after lock_wait
+
+
 class WakeChannel(Protocol):
     """What the relay loop needs from its LISTEN side (Listener; a fake in unit tests)."""
 
@@ -56,6 +64,8 @@ class WakeChannel(Protocol):
     def listen(self) -> None: ...
     def close(self) -> None: ...
     def take_lock(self) -> LockState: ...
+    def await_writers(self) -> Outwait: ...
+    def lock_holder(self) -> LockState: ...
     def release_lock(self) -> None: ...
     def peek(self) -> Peek: ...
     def drain_pending(self) -> int: ...
@@ -171,6 +181,33 @@ class Listener:
                 return self._holder(conn)
         self.holds_lock = True
         return LockState.HELD
+
+    def await_writers(self) -> Outwait:
+        """One statement: CLAIMABLE at once, or queue up to lock_wait for the lock writers hold.
+
+        The relay calls it instead of draining again while writers' open transactions hold
+        the lock (take_lock said WRITERS): the writers' commit grants the queued request at
+        once, and a claimable row (a retry falling due, a writer that committed unseen) ends
+        the wait on the next call.
+        """
+        conn = self._connection()
+        query = self.queries["await_wake_lock_bounded" if self.bounded else "await_wake_lock"]
+        params = {"max_version": SCHEMA_VERSION, "timeout_ms": self.stale_timeout_ms}
+        with self._closing_on_failure("waiting for the wake lock"):
+            try:
+                row = conn.execute(query, params).fetchone()
+            except pg_errors.LockNotAvailable:
+                return Outwait.TIMED_OUT
+        if row and row[0]:
+            return Outwait.CLAIMABLE
+        self.holds_lock = True
+        return Outwait.LOCKED
+
+    def lock_holder(self) -> LockState:
+        """Who holds the wake lock now: PEER (a sleeping relay) or WRITERS (or nobody)."""
+        conn = self._connection()
+        with self._closing_on_failure("looking up the wake lock's holder"):
+            return self._holder(conn)
 
     def _holder(self, conn: psycopg.Connection[Any]) -> LockState:
         row = conn.execute(self.queries["wake_lock_holder"]).fetchone()

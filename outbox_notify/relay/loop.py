@@ -5,6 +5,9 @@ drain:  claim a batch (row locks in an open transaction), publish it, finalise i
 sleep:  take the wake lock (writers notify from now on), peek once more for work that
         committed before the lock, then block on LISTEN until a notification, the next
         retry's due time, the sweep timer, or a signal.
+outwait: when writers' open transactions hold the wake lock, queue for it one --lock-wait
+        at a time (one statement each) instead of draining again: their commit hands the
+        lock over at once, and a claimable row or another writer's notification ends it.
 
 The core imports nothing from Django: runner.py builds its seams (Store, WakeChannel,
 Publisher, Metrics, Reporter) from the settings.
@@ -26,7 +29,7 @@ from outbox_notify.exceptions import DatabaseUnavailable, GaugeUnavailable, Unde
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import LockState, Wake, WakeChannel
+from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import Publisher
@@ -211,7 +214,9 @@ class Relay:
         self.listener.drain_pending()
         state = self.listener.take_lock()
         if state is LockState.WRITERS:
-            return  # rows are committing right now: drain again
+            state = self.outwait_writers(self.listener)
+            if state is LockState.WRITERS:
+                return  # rows to claim, or a stop: drain again
         try:
             while not self.stopping:
                 self.sample_gauges()
@@ -224,6 +229,30 @@ class Relay:
                     return
         finally:
             self.listener.release_lock()
+
+    def outwait_writers(self, listener: WakeChannel) -> LockState:
+        """Wait behind writers whose open transactions hold the wake lock, without spinning.
+
+        One statement per --lock-wait: it returns at once when a row is claimable (WRITERS:
+        drain), else queues for the lock, which the writers' commit hands over at once (HELD:
+        sleep as usual, whose peek finds their rows). Writers arriving meanwhile see the
+        queued request and notify; their notification ends the wait (WRITERS). Once per
+        sweep interval it checks whether a sleeping relay took the lock instead (PEER).
+        """
+        recheck_at = self.clock.monotonic() + self.config.sweep_interval
+        while not self.stopping:
+            self.touch_liveness()
+            self.sample_gauges()
+            outcome = listener.await_writers()
+            if outcome is Outwait.LOCKED:
+                return LockState.HELD
+            if outcome is Outwait.CLAIMABLE or listener.drain_pending():
+                return LockState.WRITERS
+            if self.clock.monotonic() >= recheck_at:
+                if listener.lock_holder() is LockState.PEER:
+                    return LockState.PEER
+                recheck_at = self.clock.monotonic() + self.config.sweep_interval
+        return LockState.WRITERS
 
     def peek(self) -> Peek:
         """One indexed look at the table: on the LISTEN connection when there is one."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from outbox_notify.exceptions import GaugeUnavailable
-from outbox_notify.relay.listener import LockState, Wake
+from outbox_notify.relay.listener import LockState, Outwait, Wake
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
 from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, QueueGauges
@@ -123,8 +123,8 @@ class RecordingMetrics:
 class FakeListener:
     """A WakeChannel whose answers are scripted; it moves the clock as the real one would.
 
-    `take_lock` pops its next answer (the last one repeats) and lasts `lock_wait` unless it
-    takes the lock. `waits` are the
+    `take_lock` and `await_writers` pop their next answer (the last one repeats); each
+    await_writers call lasts `lock_wait` unless it ends LOCKED or CLAIMABLE. `waits` are the
     outcomes of successive waits on LISTEN (TIMEOUT lasts the whole timeout). `pending`
     notifications are what drain_pending() finds next. `on_statement` runs after each
     statement, so a test can stop the relay or commit rows at a chosen moment.
@@ -134,6 +134,8 @@ class FakeListener:
     store: FakeStore
     lock_wait: float = 0.05
     locks: list[LockState] = dataclasses.field(default_factory=lambda: [LockState.HELD])
+    outwaits: list[Outwait] = dataclasses.field(default_factory=lambda: [Outwait.TIMED_OUT])
+    holders: list[LockState] = dataclasses.field(default_factory=lambda: [LockState.WRITERS])
     waits: list[Wake] = dataclasses.field(default_factory=list)
     pending: int = 0
     on_statement: Callable[[str], None] | None = None
@@ -172,6 +174,17 @@ class FakeListener:
         self.holds_lock = state is LockState.HELD
         self._statement("take_lock", 0.0 if state is LockState.HELD else self.lock_wait)
         return state
+
+    def await_writers(self) -> Outwait:
+        outcome: Outwait = self._next(self.outwaits)
+        self.holds_lock = outcome is Outwait.LOCKED
+        self._statement("await_writers", self.lock_wait if outcome is Outwait.TIMED_OUT else 0.0)
+        return outcome
+
+    def lock_holder(self) -> LockState:
+        holder: LockState = self._next(self.holders)
+        self._statement("lock_holder")
+        return holder
 
     def release_lock(self) -> None:
         if self.holds_lock:

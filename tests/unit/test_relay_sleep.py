@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import LockState, Wake
+from outbox_notify.relay.listener import LockState, Outwait, Wake
 from outbox_notify.relay.loop import Relay
 from tests.unit.fakes import FakeClock, FakeListener, FakeStore, publishes_all, row
 
@@ -116,3 +116,81 @@ def test_peer_returns_after_one_wait_whatever_woke_it(wake: Wake) -> None:
     assert listener.released == 0
     if wake is Wake.TIMEOUT:
         assert listener.clock.now == pytest.approx(1000.0 + LOCK_WAIT + SWEEP)
+
+
+# -- writers' open transactions hold the lock ----------------------------------------------
+
+
+def test_writers_commit_hands_over_the_lock_and_their_rows_are_drained_at_once() -> None:
+    """Queued behind a writer, the relay gets the lock at its commit and finds its row."""
+    relay = sleeper({"locks": [LockState.WRITERS]})
+    listener = fake(relay)
+    listener.outwaits = [Outwait.TIMED_OUT] * 40 + [Outwait.LOCKED]
+
+    def commit(name: str) -> None:
+        if name == "await_writers" and listener.holds_lock:
+            store(relay).rows.append(row(99))  # the writer's row, visible from its commit
+
+    listener.on_statement = commit
+    relay.sleep_until_work()
+    names = [n for _, n in listener.statements]
+    assert names[-3:] == ["await_writers", "peek", "release_lock"]  # nothing in between
+    assert store(relay).claims == 0  # never re-drained while waiting
+
+
+def test_writers_cost_one_statement_per_lock_wait_and_no_claims() -> None:
+    """While writers hold the lock for 10 s: one statement per --lock-wait, a holder check per
+    sweep interval, and no claims at all (it used to re-drain every 50 ms)."""
+    relay = sleeper({"locks": [LockState.WRITERS]})
+    stop_after(relay, 10.0)
+    while not relay.stopping:  # Relay.run() without the connecting
+        relay.cycle()
+    listener = fake(relay)
+    elapsed = listener.clock.now - 1000.0
+    assert elapsed == pytest.approx(10.0 + LOCK_WAIT, abs=2 * LOCK_WAIT)
+    waits = listener.named("await_writers")
+    assert waits <= elapsed / LOCK_WAIT + 1
+    assert listener.named("lock_holder") == pytest.approx(10.0 / SWEEP, abs=1)
+    assert listener.named("take_lock") == 1
+    assert store(relay).claims == 1  # the drain before the sleep, then none
+    assert listener.released == 0
+
+
+def test_writers_and_another_writers_notification_returns_to_drain() -> None:
+    """A writer arriving meanwhile notifies (the relay is queued); the relay drains for it."""
+    relay = sleeper({"locks": [LockState.WRITERS]})
+    listener = fake(relay)
+    after(relay, 0.5, lambda: setattr(listener, "pending", 1))
+    relay.sleep_until_work()
+    assert listener.clock.now - 1000.0 == pytest.approx(0.5 + LOCK_WAIT, abs=LOCK_WAIT)
+    assert not listener.holds_lock
+
+
+def test_writers_and_a_claimable_row_returns_to_drain_without_queueing() -> None:
+    """A row claimable now (a retry fell due, a commit seen by no one) ends the wait."""
+    relay = sleeper({"locks": [LockState.WRITERS], "outwaits": [Outwait.CLAIMABLE]})
+    relay.sleep_until_work()
+    listener = fake(relay)
+    assert [n for _, n in listener.statements] == ["take_lock", "await_writers"]
+    assert not listener.holds_lock
+
+
+def test_writers_and_a_signal_stop_within_one_lock_wait() -> None:
+    """SIGTERM while queued behind writers: the relay returns after the statement in hand."""
+    relay = sleeper({"locks": [LockState.WRITERS]})
+    stop_after(relay, 1.0)
+    relay.sleep_until_work()
+    assert fake(relay).clock.now - 1000.0 == pytest.approx(1.0 + LOCK_WAIT, abs=2 * LOCK_WAIT)
+
+
+def test_writers_then_a_peer_took_the_lock_sleeps_as_a_peer() -> None:
+    """When the writers finished and another relay took the lock, it sleeps on LISTEN."""
+    relay = sleeper(
+        {"locks": [LockState.WRITERS], "holders": [LockState.PEER], "waits": [Wake.NOTIFIED]}
+    )
+    relay.sleep_until_work()
+    listener = fake(relay)
+    names = [n for _, n in listener.statements]
+    assert names[-2:] == ["lock_holder", "peek"]
+    assert names.count("await_writers") == pytest.approx(SWEEP / LOCK_WAIT, abs=1)
+    assert listener.released == 0
