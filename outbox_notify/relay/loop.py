@@ -33,7 +33,14 @@ from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import Publisher
-from outbox_notify.relay.reporting import BatchReport, MetricsReporter, Reporter, Reporters
+from outbox_notify.relay.reporting import (
+    BatchReport,
+    LogReporter,
+    MetricsReporter,
+    Reporter,
+    Reporters,
+    lag,
+)
 from outbox_notify.relay.store import ClaimedRow, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
@@ -69,7 +76,7 @@ class Relay:
         self.publisher = publisher
         self.clock = clock or SystemClock()
         self.metrics = metrics or NullMetrics()
-        self.reporters = Reporters([MetricsReporter(self.metrics), *reporters])
+        self.reporters = Reporters([LogReporter(), MetricsReporter(self.metrics), *reporters])
         self.policy = OutcomePolicy(config, Backoff(config.backoff_time, config.max_backoff))
         self.breaker = Breaker(config.breaker_threshold, config.broker_outage_cooldown, self.clock)
         self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)
@@ -338,27 +345,15 @@ class Relay:
         )
 
     def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
-        """Reporters, logs and breaker bookkeeping, once the outcome is committed."""
-        self.reporters.batch_committed(
-            BatchReport(
-                decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
-            )
+        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed."""
+        report = BatchReport(
+            decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
         )
-        self._log_failures(decided)
+        self.reporters.batch_committed(report)
         if decided.outages:
             self._record_outage(decided)
         elif decided.published and self.breaker.record_success():
             log.info("outbox.breaker_closed")
-        log.debug(
-            "outbox.batch_done",
-            claimed=claimed,
-            published=len(decided.published),
-            retried=len(decided.retried),
-            dead=len(decided.dead),
-            deferred=decided.outages,
-            skipped=decided.skipped,
-            seconds=round(seconds, 6),
-        )
 
     def _record_outage(self, decided: Decided) -> None:
         if self.breaker.record_outage():
@@ -370,24 +365,6 @@ class Relay:
         else:
             log.warning(
                 "outbox.broker_unavailable", deferred=decided.outages, error=decided.outage_error
-            )
-
-    def _log_failures(self, decided: Decided) -> None:
-        for row, retry in decided.retried:
-            log.warning(
-                "outbox.publish_failed",
-                task_id=row.task_id,
-                task_name=row.task_name,
-                retries=retry.retries,
-                retry_in=round(retry.delay, 3),
-                error=retry.error,
-            )
-        for row, dead in decided.dead:
-            log.error(
-                "outbox.dead_lettered",
-                task_id=row.task_id,
-                task_name=row.task_name,
-                reason=dead.reason,
             )
 
     # -- liveness ------------------------------------------------------------------------
@@ -403,14 +380,3 @@ class Relay:
             path.touch()
         except OSError as exc:
             log.warning("outbox.liveness_file_error", path=str(path), error=str(exc))
-
-
-def lag(decided: Decided, seconds: float) -> float | None:
-    """Seconds from the oldest published row's write to the batch's commit, on one clock.
-
-    Its age at the claim comes from the database (created_at and now() on the same server);
-    the batch's duration from the relay's monotonic clock. No wall clocks are compared.
-    """
-    if not decided.published:
-        return None
-    return max(row.age for row in decided.published) + seconds

@@ -1,8 +1,9 @@
 """Who hears how a batch ended: a Protocol the loop calls once the outcome is committed.
 
-The loop knows nothing of Django signals, Sentry or StatsD: runner.py builds the reporters
-(outbox_notify.observability has the Django and Sentry ones) and the loop calls each in turn.
-Adding one is adding a class with `batch_committed` to runner.reporters().
+The loop knows nothing of Django signals, Sentry or StatsD: every relay logs (LogReporter)
+and feeds its Metrics (MetricsReporter); runner.py adds the rest (outbox_notify.observability
+has the Django signal and Sentry ones), and the loop calls each in turn. Adding one is adding
+a class with `batch_committed` to runner.reporters().
 """
 
 from __future__ import annotations
@@ -57,6 +58,40 @@ class Reporters:
                 )
 
 
+class LogReporter:
+    """The relay's log events about a committed batch (every relay has it)."""
+
+    def batch_committed(self, report: BatchReport) -> None:
+        """A warning per rescheduled row, an error per dead letter, a debug line per batch."""
+        decided = report.decided
+        for row, retry in decided.retried:
+            log.warning(
+                "outbox.publish_failed",
+                task_id=row.task_id,
+                task_name=row.task_name,
+                retries=retry.retries,
+                retry_in=round(retry.delay, 3),
+                error=retry.error,
+            )
+        for row, dead in decided.dead:
+            log.error(
+                "outbox.dead_lettered",
+                task_id=row.task_id,
+                task_name=row.task_name,
+                reason=dead.reason,
+            )
+        log.debug(
+            "outbox.batch_done",
+            claimed=report.claimed,
+            published=len(decided.published),
+            retried=len(decided.retried),
+            dead=len(decided.dead),
+            deferred=decided.outages,
+            skipped=decided.skipped,
+            seconds=round(report.seconds, 6),
+        )
+
+
 class MetricsReporter:
     """Turns batches into the relay's counters and distributions (see reference-metrics.md)."""
 
@@ -77,3 +112,14 @@ class MetricsReporter:
             self.metrics.deferred(decided.outages)
         if report.lag is not None:
             self.metrics.lag(report.lag)
+
+
+def lag(decided: Decided, seconds: float) -> float | None:
+    """Seconds from the oldest published row's write to the batch's commit, on one clock.
+
+    Its age at the claim comes from the database (created_at and now() on the same server);
+    the batch's duration from the relay's monotonic clock. No wall clocks are compared.
+    """
+    if not decided.published:
+        return None
+    return max(row.age for row in decided.published) + seconds

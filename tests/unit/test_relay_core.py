@@ -12,10 +12,10 @@ from typing import Any
 import structlog
 
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.loop import Relay, lag
+from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.outcome import Decided
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.reporting import BatchReport, Reporters
+from outbox_notify.relay.reporting import BatchReport, Reporters, lag
 from outbox_notify.relay.store import Outcome
 from tests.unit.fakes import (
     FakeClock,
