@@ -55,6 +55,7 @@ def test_the_core_runs_in_a_process_without_django_settings() -> None:
         import outbox_notify.relay.listener, outbox_notify.relay.store
         import outbox_notify.relay.publisher, outbox_notify.relay.redis_publisher
         import outbox_notify.relay.outcome, outbox_notify.relay.reporting
+        import outbox_notify.relay.sent_events
         from outbox_notify.relay.config import RelayConfig
         from outbox_notify.relay.listener import Wake
         from outbox_notify.relay.loop import Relay
