@@ -126,7 +126,7 @@ def test_an_idle_relay_makes_one_query_per_sweep_interval(
 
 
 WAKE_LOCK_ARGS = "1869968482, 1"
-LONG_WRITER_SECONDS = 10.0  # how long the writer keeps its transaction open after its insert
+WINDOW = 10.0  # seconds the writer keeps its transaction open once the burst is published
 BURST = 300  # rows that wake both relays
 STAMP_MERGE = 0.005  # seconds: Parse and Bind/Execute of one statement are stamped apart
 
@@ -170,13 +170,12 @@ class StatementCounter:
         gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
         return max(0, sum(1 for gap in gaps if gap > STAMP_MERGE))
 
-    def per_second(self) -> dict[str, float]:
-        """Statements per second, summed by connection kind (listen, claim) over all relays."""
-        seconds = time.monotonic() - self.started
+    def totals(self) -> dict[str, int]:
+        """Statements summed by connection kind (listen, claim) over all relays."""
         totals = {LISTEN_APPLICATION_NAME: 0, CLAIM_APPLICATION_NAME: 0}
         for pid, name in self.backends.items():
             totals[name] += self.statements(pid)
-        return {name: round(total / seconds, 1) for name, total in totals.items()}
+        return totals
 
 
 def test_a_long_writer_transaction_does_not_make_relays_spin(
@@ -207,7 +206,6 @@ def test_a_long_writer_transaction_does_not_make_relays_spin(
                     interval=0.001,
                     what="the wake lock free (both relays draining)",
                 )
-            inserted = time.monotonic()
             [task_id] = [add.apply_async((7, 7), queue=redis_queue.name).id]
             wait_for(
                 lambda: len(redis_queue.task_ids()) == BURST,
@@ -217,10 +215,10 @@ def test_a_long_writer_transaction_does_not_make_relays_spin(
             # Markers in a server's statement log (bench/long_writer.py counts between them).
             watcher.execute("SELECT 'outbox-notify-window-start'")
             counter = StatementCounter(watcher, backends)
-            while time.monotonic() - inserted < LONG_WRITER_SECONDS:
+            while time.monotonic() - counter.started < WINDOW:
                 counter.sample()
                 time.sleep(0.002)
-            rates, window = counter.per_second(), time.monotonic() - counter.started
+            totals, window = counter.totals(), time.monotonic() - counter.started
             watcher.execute("SELECT 'outbox-notify-window-end'")
         committed = time.monotonic()
         wait_for(
@@ -232,14 +230,15 @@ def test_a_long_writer_transaction_does_not_make_relays_spin(
         )
         latency = time.monotonic() - committed
     assert redis_queue.task_ids()[-1] == task_id
+    rates = {name: round(n / window, 1) for name, n in totals.items()}
     print(
-        f"\nlong writer: window {window:.2f} s, statements/s {rates}, commit->publish {latency * 1000:.1f} ms"
+        f"\nlong writer: window {window:.2f} s, statements/s {rates},"
+        f" commit->publish {latency * 1000:.1f} ms"
     )
-    listen_rate = rates[LISTEN_APPLICATION_NAME]
-    claim_rate = rates[CLAIM_APPLICATION_NAME]
-    # At most one statement per relay per --lock-wait (0.05 s): 2 x 20/s, with a wide margin.
-    assert listen_rate <= 2 * 20 * 1.5, rates
-    assert claim_rate <= 1.0, rates
+    # At most one statement per relay per --lock-wait (0.05 s), with a wide margin; the claim
+    # connections at most finish the burst's drain (it used to claim every 50 ms or so).
+    assert totals[LISTEN_APPLICATION_NAME] <= 2 * (window / 0.05) * 1.5, totals
+    assert totals[CLAIM_APPLICATION_NAME] <= 10, totals
 
 
 @pytest.fixture(params=[True, False], ids=["pg14-bounded", "pg13-unbounded"])
