@@ -22,12 +22,12 @@ from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
 from outbox_notify.relay.runner import reporters
 from outbox_notify.relay.store import (
-    GAUGE_EXACT_LIMIT,
     ClaimedRow,
     Outcome,
     Peek,
     QueueGauges,
     finalize_params,
+    gauge_params,
     gauges_from,
 )
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -134,7 +134,7 @@ class SavepointStore:
     def queue_gauges(self) -> QueueGauges:
         """Queue depth and oldest pending age, through the relay's own gauge query."""
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(self.queries["queue_gauges"], {"limit": GAUGE_EXACT_LIMIT + 1})
+            cursor.execute(self.queries["queue_gauges"], gauge_params())
             counted, estimated, oldest = cursor.fetchone()
         return gauges_from(int(counted), estimated, oldest)
 

@@ -172,17 +172,26 @@ SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0'
 -- queue; otherwise queue for the lock for at most the session's lock_timeout. The writers'
 -- commit hands the lock over at once, so their rows are found without delay; a lock timeout
 -- (an error) means they still hold it. The CASE evaluates the lock only when nothing is
--- claimable. One statement per lock_timeout is all a relay spends waiting for writers.
-WITH claimable AS (
+-- claimable (tested as the peek does, one index each). One statement per lock_timeout is
+-- all a relay spends waiting for writers.
+WITH due AS (
     SELECT id FROM outbox_notify_message_v1
-    WHERE (retry_after IS NULL OR retry_after <= now())
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
       AND schema_version <= %(max_version)s
     ORDER BY id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 found AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM claimable) AS claimable
+    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
 )
 SELECT claimable,
        CASE WHEN claimable THEN false
@@ -193,16 +202,24 @@ FROM found;
 -- name: await_wake_lock_bounded
 -- await_wake_lock on PostgreSQL 14+, setting idle_session_timeout with the lock as
 -- take_wake_lock_bounded does (set_config is undone with the statement on a lock timeout).
-WITH claimable AS (
+WITH due AS (
     SELECT id FROM outbox_notify_message_v1
-    WHERE (retry_after IS NULL OR retry_after <= now())
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
       AND schema_version <= %(max_version)s
     ORDER BY id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 found AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM claimable) AS claimable
+    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
 )
 SELECT claimable,
        CASE WHEN claimable THEN false
@@ -215,7 +232,9 @@ FROM found;
 -- The relay's queue gauges, from the outbox table alone (the relay role may read nothing
 -- else): the depth, exact up to %(limit)s rows and beyond that the planner's way of
 -- estimating it (rows per page at the last ANALYZE times the table's pages now), and the
--- oldest row's age on the database's clock.
+-- oldest pending row's age on the database's clock, defined as ops.sql's oldest_pending
+-- defines it for outbox_stats (a row held until its ETA is pending from its ETA on; up to
+-- %(window)s scheduled rows are read). Keep the two in step.
 SELECT
     (SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped)
         AS counted,
@@ -225,10 +244,22 @@ SELECT
             END
      FROM pg_class AS c
      WHERE c.oid = 'outbox_notify_message_v1'::regclass)::float8 AS estimated,
-    (SELECT greatest(extract(epoch FROM clock_timestamp() - created_at), 0)::float8
-     FROM outbox_notify_message_v1
-     ORDER BY id
-     LIMIT 1) AS oldest_seconds;
+    greatest(
+        (SELECT extract(epoch FROM clock_timestamp() - created_at)
+         FROM outbox_notify_message_v1
+         WHERE retry_after IS NULL
+         ORDER BY id
+         LIMIT 1),
+        (SELECT extract(epoch FROM clock_timestamp() - min(
+                    CASE WHEN retries > 0 OR last_error IS NOT NULL THEN created_at
+                         WHEN retry_after <= now() THEN greatest(created_at, retry_after)
+                    END))
+         FROM (SELECT created_at, retry_after, retries, last_error
+               FROM outbox_notify_message_v1
+               WHERE retry_after IS NOT NULL
+               ORDER BY retry_after
+               LIMIT %(window)s) AS scheduled),
+        0)::float8 AS oldest_seconds;
 
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or

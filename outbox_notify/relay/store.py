@@ -242,9 +242,7 @@ class ClaimStore:
 
     def _gauge_row(self, conn: psycopg.Connection[Any]) -> Any:
         try:
-            return conn.execute(
-                self.queries["queue_gauges"], {"limit": GAUGE_EXACT_LIMIT + 1}
-            ).fetchone()
+            return conn.execute(self.queries["queue_gauges"], gauge_params()).fetchone()
         except psycopg.Error as exc:
             if conn.broken or conn.closed:
                 raise  # translated into DatabaseUnavailable by the caller
@@ -263,6 +261,11 @@ class Claim:
         """Apply the outcome and commit; rows not named in it are released untouched."""
         self.store.finish(outcome)
         self.finished = True
+
+
+def gauge_params() -> dict[str, int]:
+    """Parameters of the queue_gauges query."""
+    return {"limit": GAUGE_EXACT_LIMIT + 1, "window": GAUGE_EXACT_LIMIT}
 
 
 def gauges_from(counted: int, estimated: float | None, oldest: float | None) -> QueueGauges:

@@ -9,6 +9,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from outbox_notify import stats
 from outbox_notify.exceptions import GaugeUnavailable
 from outbox_notify.relay import store as store_module
 from outbox_notify.relay.runner import connection_kwargs
@@ -79,6 +80,37 @@ def test_a_failing_gauge_query_leaves_the_connection_usable(store: ClaimStore) -
 def test_claimed_rows_carry_their_age_on_the_database_clock(store: ClaimStore) -> None:
     """Each claimed row's `age` is now() - created_at as the server sees it (for the lag)."""
     insert_aged(1, 120.0)
+    with store.claim(10) as claim:
+        [row] = claim.rows
+    assert 120.0 <= row.age < 120.0 + 60
+
+
+def insert_held(task_id: str, created_ago: float, due_in: float) -> None:
+    """A row held until its ETA (retry_after set, never tried), written `created_ago` s ago."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+            " schema_version, created_at, retry_after) VALUES (%s, 'tests.add', '[]', '{}', '{}',"
+            " 1, now() - make_interval(secs => %s), now() + make_interval(secs => %s))",
+            [task_id, created_ago, due_in],
+        )
+
+
+def test_the_oldest_gauge_agrees_with_outbox_stats_about_held_rows(store: ClaimStore) -> None:
+    """A row held for tomorrow is not pending; one whose ETA passed is, from its ETA on."""
+    insert_held("tomorrow", created_ago=7200.0, due_in=86400.0)
+    insert_held("was-due", created_ago=3600.0, due_in=-600.0)
+    insert_aged(1, 60.0)
+    gauges = store.queue_gauges()
+    snapshot = stats.collect(connection, top=0)
+    assert gauges.depth == snapshot.queue_depth == 3
+    assert 600.0 <= gauges.oldest_seconds < 600.0 + 60  # from the ETA, not created_at
+    assert gauges.oldest_seconds == pytest.approx(snapshot.oldest_pending_seconds, abs=5)
+
+
+def test_a_claimed_held_row_ages_from_its_eta(store: ClaimStore) -> None:
+    """The lag of a held row counts from when it became publishable (its ETA)."""
+    insert_held("was-due", created_ago=3600.0, due_in=-120.0)
     with store.claim(10) as claim:
         [row] = claim.rows
     assert 120.0 <= row.age < 120.0 + 60

@@ -293,3 +293,19 @@ def test_await_writers_gets_the_lock_when_the_writer_commits(lock_listener: List
     assert lock_listener.lock_holder() is LockState.PEER  # what another relay would now see
     lock_listener.release_lock()
     assert wake_lock_holders() == 0
+
+
+def test_await_writers_passes_over_held_rows_until_their_eta(lock_listener: Listener) -> None:
+    """A row held until a later ETA is not claimable; one whose ETA passed is."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+            " schema_version, retry_after) VALUES ('held', 'tests.add', '[]', '{}', '{}', 1,"
+            " now() + interval '1 day')"
+        )
+    with writer_holding_the_lock():
+        assert lock_listener.await_writers() is Outwait.TIMED_OUT
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE outbox_notify_message_v1 SET retry_after = now() - interval '1 s'")
+    with writer_holding_the_lock():
+        assert lock_listener.await_writers() is Outwait.CLAIMABLE
