@@ -29,3 +29,7 @@ class PublishError(OutboxNotifyError):
 
 class UndecodableMessage(OutboxNotifyError):
     """A stored row cannot be turned into a broker message (bad options, unknown version)."""
+
+
+class GaugeUnavailable(OutboxNotifyError):
+    """A metrics gauge could not be read while the database connection stayed usable."""

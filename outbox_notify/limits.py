@@ -9,7 +9,6 @@ characters is its length in bytes.
 
 from __future__ import annotations
 
-from outbox_notify import conf
 from outbox_notify.exceptions import SerializationError
 
 MAX_BYTES_PER_CHARACTER = 4  # UTF-8
@@ -32,6 +31,9 @@ def message_size(*texts: str | bytes, limit: int) -> int:
 
 def check_message_size(task_name: str, *texts: str | bytes) -> None:
     """Raise SerializationError when a task's stored JSON is over OUTBOX_NOTIFY_MAX_MESSAGE_BYTES."""
+    # Imported here: serialization (which the relay core shares) must not pull in Django.
+    from outbox_notify import conf
+
     limit = conf.max_message_bytes()
     if limit is None:
         return

@@ -11,7 +11,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from outbox_notify import conf
 from outbox_notify.exceptions import ConfigurationError
 
 log = structlog.get_logger("outbox_notify")
@@ -150,6 +149,9 @@ def dogstatsd_client(settings: dict[str, Any]) -> Any:
 
 def from_settings() -> Metrics:
     """The metrics sink the settings ask for (NullMetrics unless OUTBOX_NOTIFY_STATSD_HOST)."""
+    # Imported here: the rest of this module is the relay core's, which runs without Django.
+    from outbox_notify import conf
+
     try:
         settings = conf.statsd()
     except (ConfigurationError, ValueError, TypeError) as exc:

@@ -1,14 +1,21 @@
-"""Where the relay reports what it did: signals, Sentry, and the helpers both share."""
+"""Where the relay reports what it did: signals, Sentry, and the helpers both share.
+
+SignalReporter and SentryReporter are the relay's `Reporter`s for these (built in
+relay/runner.py); the relay core itself imports nothing from here.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from django.dispatch import Signal
 
 from outbox_notify import signals
+
+if TYPE_CHECKING:
+    from outbox_notify.relay.reporting import BatchReport
 
 log = structlog.get_logger("outbox_notify")
 
@@ -65,3 +72,45 @@ def report_to_sentry(*, task_id: str, task_name: str, retries: int, error: str, 
         sentry_sdk.capture_message(
             f"outbox message {what}: {task_name}", level="error" if dead else "warning"
         )
+
+
+class SignalReporter:
+    """Sends outbox_message_sent/failed/dead_lettered for each committed batch."""
+
+    def batch_committed(self, report: BatchReport) -> None:
+        """One signal per published or failed row, one for the batch's dead letters."""
+        decided = report.decided
+        if has_receivers(signals.outbox_message_sent):
+            for row in decided.published:
+                message_sent(row.task_id, row.task_name)
+        for row, retry in decided.retried:
+            message_failed(row.task_id, row.task_name, retry.retries)
+        if decided.dead:
+            messages_dead_lettered(
+                [row.task_id for row, _ in decided.dead], [row.task_name for row, _ in decided.dead]
+            )
+
+
+class SentryReporter:
+    """Tells Sentry (when installed) about a row's first failure and about every dead letter."""
+
+    def batch_committed(self, report: BatchReport) -> None:
+        """Once per state change of a row, never per retry."""
+        decided = report.decided
+        for row, retry in decided.retried:
+            if row.retries == 0:
+                report_to_sentry(
+                    task_id=row.task_id,
+                    task_name=row.task_name,
+                    retries=retry.retries,
+                    error=retry.error,
+                    dead=False,
+                )
+        for row, dead in decided.dead:
+            report_to_sentry(
+                task_id=row.task_id,
+                task_name=row.task_name,
+                retries=dead.retries,
+                error=dead.reason,
+                dead=True,
+            )

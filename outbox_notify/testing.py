@@ -20,7 +20,16 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, finalize_params
+from outbox_notify.relay.runner import reporters
+from outbox_notify.relay.store import (
+    ClaimedRow,
+    Outcome,
+    Peek,
+    QueueGauges,
+    finalize_params,
+    gauge_params,
+    gauges_from,
+)
 from outbox_notify.serialization import SCHEMA_VERSION
 
 
@@ -122,12 +131,12 @@ class SavepointStore:
             claimable, due, next_due_in = cursor.fetchone()
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
-    def queue_gauges(self) -> tuple[int, float]:
-        """Queue depth and oldest pending age, through the same stats core."""
-        from outbox_notify import stats
-
-        snapshot = stats.collect(connections[self.alias], top=0)
-        return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
+    def queue_gauges(self) -> QueueGauges:
+        """Queue depth and oldest pending age, through the relay's own gauge query."""
+        with connections[self.alias].cursor() as cursor:
+            cursor.execute(self.queries["queue_gauges"], gauge_params())
+            counted, estimated, oldest = cursor.fetchone()
+        return gauges_from(int(counted), estimated, oldest)
 
     def send_probe(self, payload: str) -> None:
         """NOTIFY the probe channel inside the test's transaction (sent if it ever commits)."""
@@ -145,6 +154,7 @@ class FakeRelay:
             store=SavepointStore(conf.database_alias()),
             listener=None,
             publisher=self.publisher,
+            reporters=reporters(),  # the same signals (and Sentry reports) as a real relay
         )
 
     @property

@@ -31,12 +31,15 @@ FROM STDIN;
 -- %(limit)s rows together. (One scan with `retry_after IS NULL OR retry_after <= now()` walks
 -- the primary key and steps over every held row: docs/concepts.md shows both plans.)
 -- created_at is, for a held row, its ETA: the relay's lag metric counts from the moment a
--- row became publishable.
+-- row became publishable. The last column is that moment's age at the claim, on the
+-- database's clock, so the lag never compares the relay host's clock with the server's.
 WITH due AS (
     SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
            retries, schema_version,
            CASE WHEN retries = 0 AND last_error IS NULL
-                THEN greatest(created_at, retry_after) ELSE created_at END
+                THEN greatest(created_at, retry_after) ELSE created_at END,
+           greatest(extract(epoch FROM now() - CASE WHEN retries = 0 AND last_error IS NULL
+                THEN greatest(created_at, retry_after) ELSE created_at END), 0)::float8
     FROM outbox_notify_message_v1
     WHERE retry_after <= now()
       AND schema_version <= %(max_version)s
@@ -46,7 +49,8 @@ WITH due AS (
 ),
 ready AS (
     SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
-           retries, schema_version, created_at
+           retries, schema_version, created_at,
+           greatest(extract(epoch FROM now() - created_at), 0)::float8 AS age
     FROM outbox_notify_message_v1
     WHERE retry_after IS NULL
       AND schema_version <= %(max_version)s
@@ -161,6 +165,101 @@ SELECT set_config('idle_session_timeout', %(timeout_ms)s, false), pg_advisory_lo
 
 -- name: release_wake_lock_bounded
 SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0', false);
+
+-- name: await_wake_lock
+-- While writers' open transactions hold the wake lock (a writer inserted while every relay
+-- was draining, and keeps its transaction open): if a row is claimable now, say so and do not
+-- queue; otherwise queue for the lock for at most the session's lock_timeout. The writers'
+-- commit hands the lock over at once, so their rows are found without delay; a lock timeout
+-- (an error) means they still hold it. The CASE evaluates the lock only when nothing is
+-- claimable (tested as the peek does, one index each). One statement per lock_timeout is
+-- all a relay spends waiting for writers.
+WITH due AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+found AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
+)
+SELECT claimable,
+       CASE WHEN claimable THEN false
+            ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1))
+       END AS locked
+FROM found;
+
+-- name: await_wake_lock_bounded
+-- await_wake_lock on PostgreSQL 14+, setting idle_session_timeout with the lock as
+-- take_wake_lock_bounded does (set_config is undone with the statement on a lock timeout).
+WITH due AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after <= now()
+      AND schema_version <= %(max_version)s
+    ORDER BY retry_after
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT id FROM outbox_notify_message_v1
+    WHERE retry_after IS NULL
+      AND schema_version <= %(max_version)s
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+found AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
+)
+SELECT claimable,
+       CASE WHEN claimable THEN false
+            ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1)
+                  WHERE set_config('idle_session_timeout', %(timeout_ms)s, false) IS NOT NULL)
+       END AS locked
+FROM found;
+
+-- name: queue_gauges
+-- The relay's queue gauges, from the outbox table alone (the relay role may read nothing
+-- else): the depth, exact up to %(limit)s rows and beyond that the planner's way of
+-- estimating it (rows per page at the last ANALYZE times the table's pages now), and the
+-- oldest pending row's age on the database's clock, defined as ops.sql's oldest_pending
+-- defines it for outbox_stats (a row held until its ETA is pending from its ETA on; up to
+-- %(window)s scheduled rows are read). Keep the two in step.
+SELECT
+    (SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped)
+        AS counted,
+    (SELECT CASE WHEN c.relpages > 0 AND c.reltuples > 0
+                 THEN (c.reltuples / c.relpages
+                       * (pg_relation_size(c.oid) / current_setting('block_size')::float8))
+            END
+     FROM pg_class AS c
+     WHERE c.oid = 'outbox_notify_message_v1'::regclass)::float8 AS estimated,
+    greatest(
+        (SELECT extract(epoch FROM clock_timestamp() - created_at)
+         FROM outbox_notify_message_v1
+         WHERE retry_after IS NULL
+         ORDER BY id
+         LIMIT 1),
+        (SELECT extract(epoch FROM clock_timestamp() - min(
+                    CASE WHEN retries > 0 OR last_error IS NOT NULL THEN created_at
+                         WHEN retry_after <= now() THEN greatest(created_at, retry_after)
+                    END))
+         FROM (SELECT created_at, retry_after, retries, last_error
+               FROM outbox_notify_message_v1
+               WHERE retry_after IS NOT NULL
+               ORDER BY retry_after
+               LIMIT %(window)s) AS scheduled),
+        0)::float8 AS oldest_seconds;
 
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or

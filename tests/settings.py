@@ -79,3 +79,6 @@ TEMPLATES = [
 OUTBOX_NOTIFY_CELERY_APP = "tests.celery_app.app"
 # Set by tests that put the alias behind a transaction pooler (tests/integration/test_pgbouncer.py).
 OUTBOX_NOTIFY_LISTEN_DSN = os.environ.get("OUTBOX_TEST_LISTEN_DSN") or None
+# Set by tests that receive the relay's StatsD datagrams (tests/integration/test_relay_role.py).
+OUTBOX_NOTIFY_STATSD_HOST = os.environ.get("OUTBOX_TEST_STATSD_HOST") or None
+OUTBOX_NOTIFY_STATSD_PORT = int(os.environ.get("OUTBOX_TEST_STATSD_PORT") or 8125)

@@ -11,8 +11,8 @@ import enum
 import os
 import select
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -41,6 +41,35 @@ class Wake(enum.Enum):
     NOTIFIED = "notified"
     TIMEOUT = "timeout"
     SIGNAL = "signal"
+
+
+class Outwait(enum.Enum):
+    """How one wait behind writers that hold the wake lock ended."""
+
+    LOCKED = "locked"  # the writers finished: this relay holds the lock now
+    CLAIMABLE = "claimable"  # a row is claimable: drain (the lock was not asked for)
+    TIMED_OUT = "timed_out"  # still held after lock_wait
+
+
+class WakeChannel(Protocol):
+    """What the relay loop needs from its LISTEN side (Listener; a fake in unit tests)."""
+
+    wake_fd: int | None  # readable when a stop signal arrived (None: no signal wake-ups)
+
+    @property
+    def connected(self) -> bool: ...
+
+    def connect(self) -> None: ...
+    def probe(self, send: Callable[[str], None]) -> bool: ...
+    def listen(self) -> None: ...
+    def close(self) -> None: ...
+    def take_lock(self) -> LockState: ...
+    def await_writers(self) -> Outwait: ...
+    def lock_holder(self) -> LockState: ...
+    def release_lock(self) -> None: ...
+    def peek(self) -> Peek: ...
+    def drain_pending(self) -> int: ...
+    def wait(self, timeout: float) -> Wake: ...
 
 
 class Listener:
@@ -99,6 +128,11 @@ class Listener:
         self.conn = None
         self.holds_lock = False
 
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is open (it may still turn out broken when used)."""
+        return self.conn is not None
+
     def _connection(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
             raise DatabaseUnavailable("the LISTEN connection is not open")
@@ -134,24 +168,60 @@ class Listener:
     def take_lock(self) -> LockState:
         """Try, for at most lock_wait, to take the wake lock before sleeping."""
         conn = self._connection()
+        with self._closing_on_failure("taking the wake lock"):
+            try:
+                if self.bounded:
+                    conn.execute(
+                        self.queries["take_wake_lock_bounded"],
+                        {"timeout_ms": self.stale_timeout_ms},
+                    )
+                else:
+                    conn.execute(self.queries["take_wake_lock"])
+            except pg_errors.LockNotAvailable:
+                return self._holder(conn)
+        self.holds_lock = True
+        return LockState.HELD
+
+    def await_writers(self) -> Outwait:
+        """One statement: CLAIMABLE at once, or queue up to lock_wait for the lock writers hold.
+
+        The relay calls it instead of draining again while writers' open transactions hold
+        the lock (take_lock said WRITERS): the writers' commit grants the queued request at
+        once, and a claimable row (a retry falling due, a writer that committed unseen) ends
+        the wait on the next call.
+        """
+        conn = self._connection()
+        query = self.queries["await_wake_lock_bounded" if self.bounded else "await_wake_lock"]
+        params = {"max_version": SCHEMA_VERSION, "timeout_ms": self.stale_timeout_ms}
+        with self._closing_on_failure("waiting for the wake lock"):
+            try:
+                row = conn.execute(query, params).fetchone()
+            except pg_errors.LockNotAvailable:
+                return Outwait.TIMED_OUT
+        if row and row[0]:
+            return Outwait.CLAIMABLE
+        self.holds_lock = True
+        return Outwait.LOCKED
+
+    def lock_holder(self) -> LockState:
+        """Who holds the wake lock now: PEER (a sleeping relay) or WRITERS (or nobody)."""
+        conn = self._connection()
+        with self._closing_on_failure("looking up the wake lock's holder"):
+            return self._holder(conn)
+
+    def _holder(self, conn: psycopg.Connection[Any]) -> LockState:
+        row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
+        return LockState.PEER if row and row[0] else LockState.WRITERS
+
+    @contextlib.contextmanager
+    def _closing_on_failure(self, what: str) -> Iterator[None]:
+        """translated(), and a connection that failed is closed (its lock state is unknown)."""
         try:
-            with translated("taking the wake lock"):
-                try:
-                    if self.bounded:
-                        conn.execute(
-                            self.queries["take_wake_lock_bounded"],
-                            {"timeout_ms": self.stale_timeout_ms},
-                        )
-                    else:
-                        conn.execute(self.queries["take_wake_lock"])
-                except pg_errors.LockNotAvailable:
-                    row = conn.execute(self.queries["wake_lock_holder"]).fetchone()
-                    return LockState.PEER if row and row[0] else LockState.WRITERS
+            with translated(what):
+                yield
         except DatabaseUnavailable:
             self.close()
             raise
-        self.holds_lock = True
-        return LockState.HELD
 
     def release_lock(self) -> None:
         """Give the wake lock back: from now on writers stop notifying."""

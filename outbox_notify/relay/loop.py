@@ -5,29 +5,42 @@ drain:  claim a batch (row locks in an open transaction), publish it, finalise i
 sleep:  take the wake lock (writers notify from now on), peek once more for work that
         committed before the lock, then block on LISTEN until a notification, the next
         retry's due time, the sweep timer, or a signal.
+outwait: when writers' open transactions hold the wake lock, queue for it one --lock-wait
+        at a time (one statement each) instead of draining again: their commit hands the
+        lock over at once, and a claimable row or another writer's notification ends it.
+
+The core imports nothing from Django: runner.py builds its seams (Store, WakeChannel,
+Publisher, Metrics, Reporter) from the settings.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime as dt
 import os
 import select
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
-from outbox_notify import observability, signals
-from outbox_notify.exceptions import DatabaseUnavailable, UndecodableMessage
+from outbox_notify.exceptions import DatabaseUnavailable, GaugeUnavailable, UndecodableMessage
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import Listener, LockState, Wake
+from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import Publisher
+from outbox_notify.relay.reporting import (
+    BatchReport,
+    LogReporter,
+    MetricsReporter,
+    Reporter,
+    Reporters,
+    lag,
+)
 from outbox_notify.relay.store import ClaimedRow, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
@@ -51,10 +64,11 @@ class Relay:
         config: RelayConfig,
         *,
         store: Store,
-        listener: Listener | None,
+        listener: WakeChannel | None,
         publisher: Publisher,
         clock: Clock | None = None,
         metrics: Metrics | None = None,
+        reporters: Sequence[Reporter] = (),
     ) -> None:
         self.config = config
         self.store = store
@@ -62,6 +76,7 @@ class Relay:
         self.publisher = publisher
         self.clock = clock or SystemClock()
         self.metrics = metrics or NullMetrics()
+        self.reporters = Reporters([LogReporter(), MetricsReporter(self.metrics), *reporters])
         self.policy = OutcomePolicy(config, Backoff(config.backoff_time, config.max_backoff))
         self.breaker = Breaker(config.breaker_threshold, config.broker_outage_cooldown, self.clock)
         self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)
@@ -168,8 +183,13 @@ class Relay:
         if isinstance(self.metrics, NullMetrics) or self.clock.monotonic() < self.next_gauges:
             return
         self.next_gauges = self.clock.monotonic() + self.GAUGE_INTERVAL
-        depth, oldest = self.store.queue_gauges()
-        self.metrics.queue(depth, oldest)
+        try:
+            gauges = self.store.queue_gauges()
+        except GaugeUnavailable as exc:
+            # The connection is fine: report it and try again next interval, nothing more.
+            log.warning("outbox.gauges_failed", error=str(exc))
+            return
+        self.metrics.queue(gauges.depth, gauges.oldest_seconds)
 
     def drain(self) -> bool:
         """Process batches until one comes back short; False when the broker is down.
@@ -201,7 +221,9 @@ class Relay:
         self.listener.drain_pending()
         state = self.listener.take_lock()
         if state is LockState.WRITERS:
-            return  # rows are committing right now: drain again
+            state = self.outwait_writers(self.listener)
+            if state is LockState.WRITERS:
+                return  # rows to claim, or a stop: drain again
         try:
             while not self.stopping:
                 self.sample_gauges()
@@ -215,9 +237,33 @@ class Relay:
         finally:
             self.listener.release_lock()
 
+    def outwait_writers(self, listener: WakeChannel) -> LockState:
+        """Wait behind writers whose open transactions hold the wake lock, without spinning.
+
+        One statement per --lock-wait: it returns at once when a row is claimable (WRITERS:
+        drain), else queues for the lock, which the writers' commit hands over at once (HELD:
+        sleep as usual, whose peek finds their rows). Writers arriving meanwhile see the
+        queued request and notify; their notification ends the wait (WRITERS). Once per
+        sweep interval it checks whether a sleeping relay took the lock instead (PEER).
+        """
+        recheck_at = self.clock.monotonic() + self.config.sweep_interval
+        while not self.stopping:
+            self.touch_liveness()
+            self.sample_gauges()
+            outcome = listener.await_writers()
+            if outcome is Outwait.LOCKED:
+                return LockState.HELD
+            if outcome is Outwait.CLAIMABLE or listener.drain_pending():
+                return LockState.WRITERS
+            if self.clock.monotonic() >= recheck_at:
+                if listener.lock_holder() is LockState.PEER:
+                    return LockState.PEER
+                recheck_at = self.clock.monotonic() + self.config.sweep_interval
+        return LockState.WRITERS
+
     def peek(self) -> Peek:
         """One indexed look at the table: on the LISTEN connection when there is one."""
-        if self.listener is not None and self.listener.conn is not None and not self.polling:
+        if self.listener is not None and self.listener.connected and not self.polling:
             return self.listener.peek()
         return self.store.peek()
 
@@ -244,7 +290,7 @@ class Relay:
         return Wake.SIGNAL
 
     def _wait_slice(self, timeout: float) -> Wake:
-        if self.listener is not None and self.listener.conn is not None:
+        if self.listener is not None and self.listener.connected:
             return self.listener.wait(timeout)
         return self.pause(timeout)
 
@@ -299,90 +345,27 @@ class Relay:
         )
 
     def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
-        """Signals, metrics, logs and breaker bookkeeping, once the outcome is committed."""
-        self.metrics.batch(claimed, seconds)
-        self._report_published(decided.published)
-        self._report_failures(decided)
+        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed."""
+        report = BatchReport(
+            decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
+        )
+        self.reporters.batch_committed(report)
         if decided.outages:
-            self.metrics.deferred(decided.outages)
-            if self.breaker.record_outage():
-                log.error(
-                    "outbox.breaker_opened",
-                    cooldown=self.config.broker_outage_cooldown,
-                    error=decided.outage_error,
-                )
-            else:
-                log.warning(
-                    "outbox.broker_unavailable",
-                    deferred=decided.outages,
-                    error=decided.outage_error,
-                )
+            self._record_outage(decided)
         elif decided.published and self.breaker.record_success():
             log.info("outbox.breaker_closed")
-        log.debug(
-            "outbox.batch_done",
-            claimed=claimed,
-            published=len(decided.published),
-            retried=len(decided.retried),
-            dead=len(decided.dead),
-            deferred=decided.outages,
-            skipped=decided.skipped,
-            seconds=round(seconds, 6),
-        )
 
-    def _report_published(self, rows: list[ClaimedRow]) -> None:
-        if not rows:
-            return
-        for name, count in collections.Counter(r.task_name for r in rows).items():
-            self.metrics.published(name, count)
-        oldest = min(r.created_at for r in rows)
-        self.metrics.lag((dt.datetime.now(dt.UTC) - oldest).total_seconds())
-        if observability.has_receivers(signals.outbox_message_sent):
-            for row in rows:
-                observability.message_sent(row.task_id, row.task_name)
-
-    def _report_failures(self, decided: Decided) -> None:
-        for row, retry in decided.retried:
-            self.metrics.failed(row.task_name)
-            log.warning(
-                "outbox.publish_failed",
-                task_id=row.task_id,
-                task_name=row.task_name,
-                retries=retry.retries,
-                retry_in=round(retry.delay, 3),
-                error=retry.error,
-            )
-            observability.message_failed(row.task_id, row.task_name, retry.retries)
-            if row.retries == 0:
-                observability.report_to_sentry(
-                    task_id=row.task_id,
-                    task_name=row.task_name,
-                    retries=retry.retries,
-                    error=retry.error,
-                    dead=False,
-                )
-        if decided.dead:
-            self._report_dead(decided)
-
-    def _report_dead(self, decided: Decided) -> None:
-        for row, dead in decided.dead:
-            self.metrics.dead_lettered(row.task_name)
+    def _record_outage(self, decided: Decided) -> None:
+        if self.breaker.record_outage():
             log.error(
-                "outbox.dead_lettered",
-                task_id=row.task_id,
-                task_name=row.task_name,
-                reason=dead.reason,
+                "outbox.breaker_opened",
+                cooldown=self.config.broker_outage_cooldown,
+                error=decided.outage_error,
             )
-            observability.report_to_sentry(
-                task_id=row.task_id,
-                task_name=row.task_name,
-                retries=dead.retries,
-                error=dead.reason,
-                dead=True,
+        else:
+            log.warning(
+                "outbox.broker_unavailable", deferred=decided.outages, error=decided.outage_error
             )
-        observability.messages_dead_lettered(
-            [row.task_id for row, _ in decided.dead], [row.task_name for row, _ in decided.dead]
-        )
 
     # -- liveness ------------------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""Builds a relay from Django settings and command-line options; used by the commands."""
+"""Builds a relay from Django settings and command-line options; used by the commands.
+
+The only place where the relay core meets Django: it reads the settings, turns the outbox
+alias into connection parameters, and hands the core its seams (a Store, a WakeChannel, a
+Publisher, Metrics and Reporters) ready-made.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +13,38 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-from outbox_notify import conf, metrics
+from outbox_notify import conf, metrics, observability
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import KombuPublisher
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
+from outbox_notify.relay.reporting import Reporter
 from outbox_notify.relay.sent_events import SentEventPublisher
-from outbox_notify.relay.store import ClaimStore, connection_kwargs
+from outbox_notify.relay.store import ClaimStore
+
+# Keywords of Django's connection parameters that psycopg.connect() does not take.
+_DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "server_side_binding", "pool")
+
+
+def connection_kwargs(alias: str) -> dict[str, Any]:
+    """psycopg.connect() keywords for a Django alias (Django's own adapters removed)."""
+    from django.db import connections
+
+    params = dict(connections[alias].get_connection_params())
+    for django_only in _DJANGO_ONLY_PARAMS:
+        params.pop(django_only, None)
+    return params
+
+
+def reporters() -> list[Reporter]:
+    """Who hears about committed batches besides metrics: Django signals, then Sentry."""
+    return [observability.SignalReporter(), observability.SentryReporter()]
 
 
 def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Relay:
-    """A relay wired to the outbox alias, the configured Celery app and metrics."""
+    """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
     params = connection_kwargs(conf.database_alias())
     listener = None
@@ -40,6 +64,7 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
             RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)), app
         ),
         metrics=metrics.from_settings(),
+        reporters=reporters(),
     )
 
 

@@ -16,7 +16,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from outbox_notify import sql
-from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable
+from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable, GaugeUnavailable
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
 from outbox_notify.serialization import SCHEMA_VERSION
 
@@ -28,6 +28,7 @@ KEEPALIVES = {
     "keepalives_count": 3,
 }
 CONNECT_TIMEOUT = 10  # seconds
+GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estimates
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -44,6 +45,8 @@ class ClaimedRow:
     retries: int
     schema_version: int
     created_at: dt.datetime
+    # Seconds since created_at when the claim began, on the database's clock.
+    age: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,25 +86,42 @@ class Peek:
     next_due_in: float | None
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class QueueGauges:
+    """The outbox's depth (exact up to GAUGE_EXACT_LIMIT rows) and its oldest row's age."""
+
+    depth: int
+    oldest_seconds: float
+
+
+class OpenClaim(Protocol):
+    """The rows of one open claim, and the way to end it (rows not named are released)."""
+
+    @property
+    def rows(self) -> list[ClaimedRow]: ...
+
+    def finish(self, outcome: Outcome) -> None: ...
+
+
 class Store(Protocol):
     """What the relay loop needs from its claim side (ClaimStore; a savepoint store in tests)."""
 
     def connect(self) -> None: ...
     def close(self) -> None: ...
-    def claim(self, limit: int) -> contextlib.AbstractContextManager[Any]: ...
+    def claim(self, limit: int) -> contextlib.AbstractContextManager[OpenClaim]: ...
     def peek(self) -> Peek: ...
-    def queue_gauges(self) -> tuple[int, float]: ...
+    def queue_gauges(self) -> QueueGauges: ...
     def send_probe(self, payload: str) -> None: ...
 
 
 def connection_kwargs(alias: str) -> dict[str, Any]:
-    """psycopg.connect() keywords for a Django alias (Django's own adapters removed)."""
-    from django.db import connections
+    """psycopg.connect() keywords for a Django alias (see runner.connection_kwargs).
 
-    params = dict(connections[alias].get_connection_params())
-    for django_only in ("cursor_factory", "context", "server_side_binding", "pool"):
-        params.pop(django_only, None)
-    return params
+    Kept here for the callers that import it from the store; the store itself never calls it.
+    """
+    from outbox_notify.relay import runner
+
+    return runner.connection_kwargs(alias)
 
 
 @contextlib.contextmanager
@@ -204,15 +224,29 @@ class ClaimStore:
             conn.execute(self.queries["notify_probe"], {"payload": payload})
             conn.commit()
 
-    def queue_gauges(self) -> tuple[int, float]:
-        """Queue depth and the oldest pending row's age in seconds (cheap, estimated when large)."""
-        from outbox_notify import stats
+    def queue_gauges(self) -> QueueGauges:
+        """Queue depth and the oldest row's age, from the outbox table alone, in one statement.
 
+        A failure that leaves the connection usable (a permission, a timeout) raises
+        GaugeUnavailable, so a gauge never costs the relay its connections.
+        """
         conn = self._connection()
         with translated("sampling queue gauges"):
-            snapshot = stats.collect(conn, top=0)
-            conn.commit()
-        return snapshot.queue_depth, snapshot.oldest_pending_seconds or 0.0
+            conn.autocommit = True  # one statement, no BEGIN/COMMIT around it
+            try:
+                row = self._gauge_row(conn)
+            finally:
+                conn.autocommit = False
+        counted, estimated, oldest = row or (0, None, None)
+        return gauges_from(int(counted), estimated, oldest)
+
+    def _gauge_row(self, conn: psycopg.Connection[Any]) -> Any:
+        try:
+            return conn.execute(self.queries["queue_gauges"], gauge_params()).fetchone()
+        except psycopg.Error as exc:
+            if conn.broken or conn.closed:
+                raise  # translated into DatabaseUnavailable by the caller
+            raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
 
 
 class Claim:
@@ -227,6 +261,19 @@ class Claim:
         """Apply the outcome and commit; rows not named in it are released untouched."""
         self.store.finish(outcome)
         self.finished = True
+
+
+def gauge_params() -> dict[str, int]:
+    """Parameters of the queue_gauges query."""
+    return {"limit": GAUGE_EXACT_LIMIT + 1, "window": GAUGE_EXACT_LIMIT}
+
+
+def gauges_from(counted: int, estimated: float | None, oldest: float | None) -> QueueGauges:
+    """The gauges from the queue_gauges query: the exact count while it stays under the cap."""
+    depth = counted
+    if counted > GAUGE_EXACT_LIMIT:
+        depth = max(counted, round(estimated or 0.0))
+    return QueueGauges(depth=depth, oldest_seconds=float(oldest or 0.0))
 
 
 def finalize_params(outcome: Outcome) -> dict[str, Any]:

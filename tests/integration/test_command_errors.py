@@ -67,7 +67,8 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_stats", "--top") in flags
     assert ("outbox_purge_dead_letter", "--older-than-days") in flags
     assert ("outbox_requeue_dead_letter", "--chunk-size") in flags
-    assert len(flags) == 21  # listen 9, sweep 6, stats 2, purge 2, requeue 2
+    assert ("outbox_listen", "--lock-wait") in flags
+    assert len(flags) == 22  # listen 10, sweep 6, stats 2, purge 2, requeue 2
 
 
 @pytest.mark.parametrize("value", NON_FINITE)
@@ -91,6 +92,7 @@ def test_every_numeric_flag_refuses_values_that_are_not_finite(
         ("outbox_stats", "--fail-if-lag-above", "-5", "must be a number of seconds 0 or more"),
         ("outbox_listen", "--batch-size", "0", "must be at least 1, not 0"),
         ("outbox_listen", "--sweep-interval", "0", "must be a number of seconds above 0"),
+        ("outbox_listen", "--lock-wait", "0", "must be a number of seconds above 0"),
         ("outbox_sweep", "--max-retries", "-1", "must be at least 0, not -1"),
     ],
 )
@@ -100,6 +102,13 @@ def test_each_out_of_range_flag_is_named_in_its_own_message(
     """An out-of-range value is a usage error that names the flag it was given to."""
     message = _parse_error(command, flag, value)
     assert f"argument {flag}: {expected}" in message
+
+
+@pytest.mark.django_db
+def test_lock_wait_longer_than_the_sweep_interval_is_refused() -> None:
+    """--lock-wait past --sweep-interval would hold wake-ups back longer than the sweep."""
+    with pytest.raises(CommandError, match="--lock-wait must not be longer than --sweep-interval"):
+        call_command("outbox_listen", "--lock-wait", "3", "--sweep-interval", "2")
 
 
 # -- --top 0 ----------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ every privilege the relay uses must come from the script.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,51 @@ def test_relay_runs_with_only_the_relay_role(
     output = relay.output()
     assert "permission denied" not in output
     assert "outbox.database_unavailable" not in output
+
+
+def _statsd_lines(sock: socket.socket, wanted: set[str], deadline: float) -> set[str]:
+    """Metric names received on `sock` until every wanted one came or the deadline passed."""
+    seen: set[str] = set()
+    while not wanted <= seen and time.monotonic() < deadline:
+        try:
+            packet = sock.recv(65535).decode()
+        except TimeoutError:
+            continue
+        seen |= {line.split(":", 1)[0] for line in packet.splitlines()}
+    return seen
+
+
+def test_relay_role_with_statsd_sends_gauges_without_reconnecting(
+    server: pgserver.PrivateServer,
+    relay_env: dict[str, Any],
+    start_relay: Any,
+    redis_queue: RedisQueue,
+) -> None:
+    """With StatsD on, the relay role's queue gauges go out and cost no reconnect.
+
+    The gauges once read the dead-letter table, which the role may not: every gauge
+    interval became a permission error, a full reconnect, and no gauge was ever sent.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(0.5)
+        env = {
+            **_env(relay_env, server, RELAY_LOGIN),
+            "OUTBOX_TEST_STATSD_HOST": "127.0.0.1",
+            "OUTBOX_TEST_STATSD_PORT": str(sock.getsockname()[1]),
+        }
+        task_id = _enqueue_as_writer(_env(relay_env, server, WRITER_LOGIN), redis_queue.name)
+        relay = start_relay(*FAST, env=env)
+        wanted = {"outbox_notify.queue.depth", "outbox_notify.queue.oldest_seconds"}
+        wanted |= {"outbox_notify.published", "outbox_notify.lag"}
+        seen = _statsd_lines(sock, wanted, time.monotonic() + 60)
+        assert wanted <= seen, (seen, relay.output())
+    wait_for(lambda: task_id in redis_queue.task_ids(), what="the message", context=relay.output)
+    time.sleep(2 * 1.0)  # two sweep intervals more, for any failure to show
+    output = relay.output()
+    assert output.count("outbox.database_connected") == 1, output
+    for failure in ("outbox.database_unavailable", "outbox.gauges_failed", "permission denied"):
+        assert failure not in output, output
 
 
 def test_relay_role_cannot_write_messages_or_read_dead_letters(

@@ -135,9 +135,9 @@ def test_sentry_hears_of_a_row_once_when_it_starts_failing_and_once_when_it_dies
     sentry: MemoryTransport,
 ) -> None:
     """First failure and dead-lettering are reported; retries in between are not."""
-    from tests.unit.test_relay_loop import FakeStore, ScriptedPublisher, relay
+    from outbox_notify.relay.reporting import BatchReport, Reporters
+    from outbox_notify.relay.runner import reporters
 
-    r = relay(FakeStore([]), ScriptedPublisher(lambda m: None))  # type: ignore[arg-type, return-value]
     first, again, dead = _row(1, 0), _row(2, 3), _row(3, 5)
     decided = Decided(
         outcome=Outcome(),
@@ -150,7 +150,10 @@ def test_sentry_hears_of_a_row_once_when_it_starts_failing_and_once_when_it_dies
         outages=0,
         skipped=0,
     )
-    r.after_commit(decided, claimed=3, seconds=0.01)
+    # The reporters a real relay gets (runner.reporters()), told of one committed batch.
+    Reporters(reporters()).batch_committed(
+        BatchReport(decided=decided, claimed=3, seconds=0.01, lag=None)
+    )
     sentry_sdk.flush()
     assert sorted(sentry.messages()) == [
         "outbox message dead-lettered: tests.add",

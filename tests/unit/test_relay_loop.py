@@ -2,99 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
-from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
-from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, Peek
-
-OPTIONS = json.dumps({"headers": {"id": "x", "task": "t"}, "exchange": "", "routing_key": "q"})
-
-
-def row(n: int, retries: int = 0, options: str = OPTIONS) -> ClaimedRow:
-    return ClaimedRow(
-        n, f"id-{n}", "t", "[]", "{}", options, "{}", retries, 1, dt.datetime.now(dt.UTC)
-    )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
-
-
-class FakeClaim:
-    def __init__(self, rows: list[ClaimedRow]) -> None:
-        self.rows = rows
-        self.outcome: Outcome | None = None
-
-    def finish(self, outcome: Outcome) -> None:
-        self.outcome = outcome
-
-
-class FakeStore:
-    def __init__(self, rows: list[ClaimedRow]) -> None:
-        self.rows = rows
-        self.finished: list[Outcome] = []
-        self.gauges = 0
-
-    def connect(self) -> None: ...
-    def close(self) -> None: ...
-
-    @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[FakeClaim]:
-        claim = FakeClaim(self.rows[:limit])
-        yield claim
-        if claim.outcome is not None:
-            self.finished.append(claim.outcome)
-            gone = (
-                set(claim.outcome.published)
-                | {d.id for d in claim.outcome.dead}
-                | {r.id for r in claim.outcome.retry}
-            )
-            self.rows = [r for r in self.rows if r.id not in gone]
-
-    def peek(self) -> Peek:
-        return Peek(claimable=bool(self.rows), due=bool(self.rows), next_due_in=None)
-
-    def queue_gauges(self) -> tuple[int, float]:
-        self.gauges += 1
-        return len(self.rows), 1.5
-
-
-class ScriptedPublisher:
-    """Answers each publish with results from a function of the message."""
-
-    def __init__(self, answer: Callable[[OutgoingMessage], Attempt]) -> None:
-        self.answer = answer
-        self.calls = 0
-
-    def publish(
-        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
-    ) -> list[Attempt]:
-        self.calls += 1
-        return [self.answer(m) for m in messages]
-
-    def check(self) -> None: ...
-    def close(self) -> None: ...
-
-
-class RecordingMetrics:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, Any]] = []
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args: self.calls.append((name, args))
+from tests.unit.fakes import FakeClock, FakeStore, RecordingMetrics, ScriptedPublisher, row
 
 
 def relay(
@@ -207,3 +122,20 @@ def test_outage_error_text_reaches_the_log() -> None:
         r.process_batch()
     [event] = [e for e in logs if e["event"] == "outbox.broker_unavailable"]
     assert event["error"] == "ConnectionError: refused"
+
+
+def test_a_gauge_error_is_logged_and_the_relay_carries_on() -> None:
+    """A gauge query that fails (a permission, a timeout) is a warning, never a reconnect."""
+    import structlog
+
+    metrics = RecordingMetrics()
+    store = FakeStore([row(1)])
+    store.gauge_error = "permission denied for table outbox_notify_dead_letter_v1"
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
+    with structlog.testing.capture_logs() as logs:
+        r.drain()  # samples the gauges first; must not raise DatabaseUnavailable
+    assert list(store.finished[0].published) == [1]
+    [event] = [e for e in logs if e["event"] == "outbox.gauges_failed"]
+    assert "permission denied" in event["error"]
+    assert not any(name == "queue" for name, _ in metrics.calls)
+    assert store.gauges == 1  # and not again before GAUGE_INTERVAL

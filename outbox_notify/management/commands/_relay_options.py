@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.management.commands._common import seconds, whole_number
 from outbox_notify.relay.config import RelayConfig
 
@@ -25,6 +26,7 @@ LISTEN_FLAGS = (
     "broker_outage_cooldown",
     "liveness_file",
     "poll_only",
+    "lock_wait",
 )
 _DEFAULTS = RelayConfig()
 
@@ -50,6 +52,11 @@ _HELP: dict[str, tuple[str, Callable[[str], Any]]] = {
     ),
     "shutdown_timeout": ("seconds to finish the batch in hand after SIGTERM/SIGINT", seconds()),
     "broker_outage_cooldown": ("seconds to pause after consecutive broker outages", seconds()),
+    "lock_wait": (
+        "seconds a relay about to sleep queues for the wake lock at a time; while a writer's "
+        "open transaction holds it, the relay runs one statement per this interval",
+        seconds(),
+    ),
 }
 
 
@@ -78,4 +85,9 @@ def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
 
 def config_from(options: dict[str, Any], names: tuple[str, ...]) -> RelayConfig:
     """A RelayConfig from parsed options (only the named flags)."""
-    return RelayConfig(**{name: options[name] for name in names})
+    config = RelayConfig(**{name: options[name] for name in names})
+    if config.lock_wait > config.sweep_interval:
+        # Longer than a sweep interval, it would hold back the wake-ups of writers that commit
+        # meanwhile for longer than the sweep is meant to bound them.
+        raise ConfigurationError("--lock-wait must not be longer than --sweep-interval")
+    return config
