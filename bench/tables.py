@@ -93,43 +93,46 @@ def latency(result: dict[str, Any], sides: Sides) -> str:
     return "\n".join(out)
 
 
+def _drain_row(r: dict[str, Any], relays: int, label: str) -> list[str]:
+    capped = "" if r.get("complete", True) else f" (cap; {r['published']:,} published)"
+    return [
+        str(relays),
+        label,
+        num(r["per_s"]),
+        f"{r['seconds']:.1f} s{capped}",
+        num(r["relay_cpu_us_per_msg"]),
+        num(r["pg_cpu_us_per_msg"]),
+        num(r.get("broker_cpu_us_per_msg")),
+        f"{r['first_after_s'] * 1000:.0f} ms",
+        str(r["duplicates"]),
+    ]
+
+
+def _drain_ratio(ours: dict[str, Any], peer: dict[str, Any], relays: int) -> list[str]:
+    return [
+        str(relays),
+        "**ours ÷ peer** (CPU: peer ÷ ours)",
+        ratio(ours["per_s"], peer["per_s"]),
+        "",
+        ratio(peer["relay_cpu_us_per_msg"], ours["relay_cpu_us_per_msg"]),
+        ratio(peer["pg_cpu_us_per_msg"], ours["pg_cpu_us_per_msg"]),
+        ratio(peer.get("broker_cpu_us_per_msg"), ours.get("broker_cpu_us_per_msg")),
+        "",
+        "",
+    ]
+
+
 def drain(result: dict[str, Any], sides: Sides) -> str:
     rows = []
     for relays in (1, 2):
         for key, label in sides.items():
             r = _by(result["rows"], side=key, relays=relays)
-            if r is None:
-                continue
-            rows.append(
-                [
-                    str(relays),
-                    label,
-                    num(r["per_s"]),
-                    f"{r['seconds']:.1f} s"
-                    + ("" if r.get("complete", True) else f" (cap; {r['published']:,} published)"),
-                    num(r["relay_cpu_us_per_msg"]),
-                    num(r["pg_cpu_us_per_msg"]),
-                    f"{r['first_after_s'] * 1000:.0f} ms",
-                    str(r["duplicates"]),
-                ]
-            )
-        ours, peer = (
-            _by(result["rows"], side="ours", relays=relays),
-            _by(result["rows"], side="peer", relays=relays),
-        )
+            if r is not None:
+                rows.append(_drain_row(r, relays, label))
+        ours = _by(result["rows"], side="ours", relays=relays)
+        peer = _by(result["rows"], side="peer", relays=relays)
         if ours and peer:
-            rows.append(
-                [
-                    str(relays),
-                    "**ours ÷ peer** (CPU: peer ÷ ours)",
-                    ratio(ours["per_s"], peer["per_s"]),
-                    "",
-                    ratio(peer["relay_cpu_us_per_msg"], ours["relay_cpu_us_per_msg"]),
-                    ratio(peer["pg_cpu_us_per_msg"], ours["pg_cpu_us_per_msg"]),
-                    "",
-                    "",
-                ]
-            )
+            rows.append(_drain_ratio(ours, peer, relays))
     header = [
         "relays",
         "library",
@@ -137,23 +140,30 @@ def drain(result: dict[str, Any], sides: Sides) -> str:
         "time",
         "relay CPU µs/msg",
         "PostgreSQL CPU µs/msg",
+        "broker CPU µs/msg",
         "first message after",
         "duplicates",
     ]
-    pg_note = (
-        ""
-        if result["postgres_cpu"]
-        else "\nPostgreSQL CPU: n/a (not a server the benchmark started).\n"
+    notes = ""
+    if not result["postgres_cpu"]:
+        notes += "\nPostgreSQL CPU: n/a (not a server the benchmark started).\n"
+    if not result.get("broker_cpu"):
+        notes += "\nBroker CPU: n/a (not a server the benchmark started).\n"
+    cap = f", at most {result['cap_s']:.0f} s each" if "cap_s" in result else ""
+    return (
+        f"Backlog: {result['backlog']:,} committed messages{cap}.\n\n" + table(header, rows) + notes
     )
-    return f"Backlog: {result['backlog']:,} committed messages.\n\n" + table(header, rows) + pg_note
 
 
 def writers(result: dict[str, Any], sides: Sides) -> str:
     rows = []
-    for label in dict.fromkeys(r["label"] for r in result["rows"]):
+    for label in dict.fromkeys(writer_label(r) for r in result["rows"]):
         cells = []
         for count in result["writers"]:
-            r = _by(result["rows"], label=label, writers=count)
+            r = next(
+                (x for x in result["rows"] if writer_label(x) == label and x["writers"] == count),
+                None,
+            )
             if r is None:
                 cells.append("")
                 continue
@@ -170,6 +180,18 @@ def writers(result: dict[str, Any], sides: Sides) -> str:
         "share of transactions that sent a NOTIFY, messages the relay published meanwhile.\n\n"
         + table(header, rows)
     )
+
+
+def writer_label(row: dict[str, Any]) -> str:
+    """The configuration's label, naming the broker its relay publishes to."""
+    label = str(row["label"])
+    broker = row.get("broker")
+    if broker and "(" not in label:
+        label += f" ({BROKER_NAMES.get(broker, broker)})"
+    return label
+
+
+BROKER_NAMES = {"redis": "Redis", "rabbitmq": "RabbitMQ"}
 
 
 def idle(result: dict[str, Any], sides: Sides) -> str:
@@ -258,7 +280,7 @@ def ceiling(result: dict[str, Any], sides: Sides) -> str:
     plain = result["plain_send_task"]
     rows = [
         [
-            "plain `celery.Celery.send_task`, one call per message",
+            "plain `celery.Celery.send_task` at Celery's defaults, one call per message",
             num(plain["per_s"]),
             num(plain["us_per_message"]),
         ]
@@ -280,7 +302,7 @@ def profile(result: dict[str, Any], sides: Sides) -> str:
     timing = result["drain_under_profiler"]
     head = (
         f"{result['samples']:,} py-spy samples taken while one relay drained (waits on the "
-        f"database and Redis included) {timing['backlog']:,} messages at "
+        f"database and the broker included) {timing['backlog']:,} messages at "
         f"{timing['per_s']:,.0f}/s under the profiler. Shares are of those samples.\n\n"
     )
     pairs = zip(result["self"], result["total"], strict=False)
@@ -304,22 +326,52 @@ def preamble(report: dict[str, Any]) -> str:
     title = (
         "outbox-notify and django-celery-outbox 0.4.3, side by side" if peer else "outbox-notify"
     )
+    names = " and ".join(report["brokers"].values())
     return (
         f"# Benchmarks: {title}\n\n"
         f"Measured with `make bench` (`{report['command']}`) on {report['started_at']}, "
-        f"{report['mode']} mode, in {report['runtime_s']:.0f} s. Raw figures: "
-        "`bench/results/latest.json`. Re-run on your own machine before relying on a figure: "
-        "every number below depends on the disk's fsync time and the CPU.\n"
+        f"{report['mode']} mode, in {report['runtime_s']:.0f} s, with {names} as the broker "
+        "(every figure below says which). Raw figures: `bench/results/latest.json`. Re-run on "
+        "your own machine before relying on a figure: every number below depends on the disk's "
+        "fsync time and the CPU.\n"
+    )
+
+
+BROKER_SETUP = {
+    "redis": (
+        "each library publishes to its own list (Celery's default routing); the benchmark reads "
+        "the list's length and BRPOPs it"
+    ),
+    "rabbitmq": (
+        "each library publishes to its own durable queue, declared as Celery declares its "
+        "default queue (a direct exchange of the same name), persistent messages (Celery's "
+        "default delivery mode); outbox-notify's relay waits for publisher confirms (it always "
+        "does on AMQP), django-celery-outbox publishes at Celery's defaults (no confirms); the "
+        "benchmark reads the queue's ready messages and consumes it with basic.consume"
+    ),
+}
+
+
+def broker_line(report: dict[str, Any], broker: str) -> str:
+    """One line under a per-broker heading: which server, and how its queues are set up."""
+    found = report["machine"].get("brokers", {}).get(broker, {})
+    server = f"{found.get('version', '?')}, {found.get('server', '?')}" if found else "?"
+    return (
+        f"Broker: {BROKER_NAMES.get(broker, broker)} {server}; {BROKER_SETUP.get(broker, '')}.\n\n"
     )
 
 
 def machine(report: dict[str, Any]) -> str:
     m = report["machine"]
-    pg, redis = m["postgresql"], m["redis"]
+    pg = m["postgresql"]
     packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
     modified = (
         " (relay code modified in the working tree)" if m["checkout"]["relay_modified"] else ""
     )
+    brokers = [
+        [BROKER_NAMES.get(key, key), f"{b['version']}, {b['server']}"]
+        for key, b in m.get("brokers", {}).items()
+    ]
     rows = [
         ["CPU", f"{m['nproc']} x {m['cpu']}"],
         ["memory", m["memory"]],
@@ -330,7 +382,7 @@ def machine(report: dict[str, Any]) -> str:
             f"synchronous_commit={pg['synchronous_commit']}, full_page_writes={pg['full_page_writes']}, "
             f"wal_sync_method={pg['wal_sync_method']}, shared_buffers={pg['shared_buffers']}",
         ],
-        ["Redis", f"{redis['version']}, {redis['server']}"],
+        *brokers,
         ["Python", m["python"]],
         ["packages", packages],
         ["checkout", f"{m['checkout']['commit']}{modified}"],
@@ -343,44 +395,53 @@ NOTES = {
     "latency": (
         "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
         "does not hang on one connection's fsync) and stamps each commit's return; a separate "
-        "consumer process BRPOPs the Redis list and stamps each arrival (both CLOCK_MONOTONIC). "
-        "The rows are copies of a row the library's own `delay()` wrote, each with a fresh task "
-        "id. Where a relay publishes slower than the rate, its backlog and its latency grow "
-        "through the run.\n"
+        "consumer process takes each message off the broker as it arrives (Redis: BRPOP; "
+        "RabbitMQ: basic.consume without acks) and stamps it (both CLOCK_MONOTONIC). The rows "
+        "are copies of a row the library's own `delay()` wrote, each with a fresh task id. Where "
+        "a relay publishes slower than the rate, its backlog and its latency grow through the "
+        "run; what it has not published a few seconds after the producer stops counts as not "
+        "delivered.\n"
     ),
     "drain": (
         "\nThe relays start on an empty table; the backlog is inserted in one transaction and the "
-        "clock runs from the commit's return until the Redis list holds every message. CPU is "
-        "utime + stime from /proc: of the relay processes, and of the whole PostgreSQL process "
-        "tree (backends that exited included) when the server is private.\n"
+        "clock runs from the commit's return until the broker's queue holds every message (the "
+        "Redis list's length; the RabbitMQ queue's ready messages), or the cap. CPU is utime + "
+        "stime from /proc: of the relay processes, of the whole PostgreSQL process tree "
+        "(backends that exited included) when the server is private, and of the broker's server "
+        "process when it is private (`redis-server`; RabbitMQ's `beam.smp`, all its threads).\n"
     ),
     "writers": (
         "\npgbench clients each commit one outbox row per transaction (the same realistic row as "
         "above). The relays that run beside the writers publish what they can and compete for the "
-        "same two cores, so part of a 'relay running' ratio is CPU taken by the relay, not the "
-        "trigger; the 'no relay' row isolates the trigger. A relay that publishes more during the "
-        "run (the count in its cells) also puts more CPU and WAL on the same machine; run-to-run "
-        "noise here is large (±20 %), so read the ratios as 'about the same', not as rankings. "
-        "NOTIFYs are counted with "
-        "pg_stat_statements (track=all sees the trigger's pg_notify).\n"
+        "same two cores, with the broker they publish to (named in each row), so part of a "
+        "'relay running' ratio is CPU taken by the relay and the broker, not the trigger; the "
+        "'no relay' rows involve no broker and isolate the trigger. A relay that publishes more "
+        "during the run (the count in its cells) also puts more CPU and WAL on the same machine; "
+        "run-to-run noise here is large (±20 %), so read the ratios as 'about the same', not as "
+        "rankings. NOTIFYs are counted with pg_stat_statements (track=all sees the trigger's "
+        "pg_notify).\n"
     ),
     "idle": (
         "\nOne relay per library at its defaults, both at once on empty tables, each in its own "
-        "database. Statements from pg_stat_statements, new connections from "
-        "pg_stat_database.sessions, CPU from /proc. django-celery-outbox polls every second and, "
-        "with Django's default CONN_MAX_AGE=0, reconnects for each poll.\n"
+        "database, connected to the run's first broker but with nothing to publish: these "
+        "figures are the database's and the relay's, not a broker's. Statements from "
+        "pg_stat_statements, new connections from pg_stat_database.sessions, CPU from /proc. "
+        "django-celery-outbox polls every second and, with Django's default CONN_MAX_AGE=0, "
+        "reconnects for each poll.\n"
     ),
     "crash": (
-        "\nTwo relays drain a committed backlog (its size is in the table); early in it both are frozen (SIGSTOP), the "
-        "rows they hold are read, one gets SIGKILL and the other continues. Ours holds rows by "
-        "row locks in an open transaction, which PostgreSQL releases when the connection drops; "
-        "django-celery-outbox marks rows in flight and leaves them until its 300 s stale timeout. "
-        "Both relays' held rows are counted; the survivor's are published within its batch.\n"
+        "\nTwo relays drain a committed backlog (its size is in the table); early in it both are "
+        "frozen (SIGSTOP), the rows they hold are read, one gets SIGKILL and the other continues. "
+        "Ours holds rows by row locks in an open transaction, which PostgreSQL releases when the "
+        "connection drops; django-celery-outbox marks rows in flight and leaves them until its "
+        "300 s stale timeout. Both relays' held rows are counted; the survivor's are published "
+        "within its batch. Duplicates are messages in the broker's queue beyond the backlog: "
+        "rows the killed relay had published but not yet deleted.\n"
     ),
     "enqueue": (
         "\n`task.delay()` inside `transaction.atomic()` on the library's database, in one process, "
-        "no relay running. With one message per transaction the figure is bound by the commit's "
-        "fsync.\n"
+        "no relay running and no broker involved (both libraries only write a row). With one "
+        "message per transaction the figure is bound by the commit's fsync.\n"
     ),
     "delay": (
         "\nOne process per Sentry case (`python -m bench.enqueue measure --sentry CASE`), "
@@ -395,12 +456,13 @@ NOTES = {
         "which sends each call through Celery's full path.\n"
     ),
     "ceiling": (
-        "\nNo database: how fast Celery messages reach Redis at all from one Python process. "
+        "\nNo database: how fast Celery messages reach the broker at all from one Python process. "
         "`KombuPublisher` is the relay's general path; the relay itself uses the publisher "
         "`outbox_notify.relay.runner` builds (listed when it is another class). Its drain rate "
         "above can approach that figure but not exceed it. Plain `send_task` is also what "
-        "django-celery-outbox's relay calls per message; with kombu 5.7 and redis-py 8, about a "
-        "fifth of each such call goes to building a new redis client.\n"
+        "django-celery-outbox's relay calls per message (on RabbitMQ at Celery's defaults: no "
+        "publisher confirms, while our publishers wait for them); with kombu 5.7 and redis-py 8, "
+        "about a fifth of each such call on Redis goes to building a new redis client.\n"
     ),
 }
 
@@ -413,7 +475,11 @@ METHOD = """\
   listens). Neither project configures logging, so both print their default structlog lines.
 - The benchmark project (`bench/project/`) installs both apps; a database router keeps each
   library's tables in its own database, so neither relay ever sees the other's rows. Each
-  library publishes to its own Redis list on a private `redis-server` without persistence.
+  library publishes to its own queue.
+- Brokers: a private `redis-server` without persistence, and a private RabbitMQ node
+  (`devtools.rabbitserver`: its own node name, ports, data and log directories, never the
+  machine's shared RabbitMQ) whose queues are durable and whose messages are persistent, as
+  Celery declares and sends them. Scenarios that touch a broker run on each in turn.
 - Scenarios alternate the libraries (ours, peer, ours, peer ...), so drift on the machine hits
   both alike. The machine is small and may be shared: compare within a table, not across runs.
 """
