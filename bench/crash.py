@@ -30,10 +30,11 @@ from bench.sides import Side, Slot, World, crash_slot
 
 # Rows committed before the kill. Ours drains an order of magnitude faster, so it needs more
 # rows for the kill to land mid-backlog; the figure (kill -> held rows published) does not
-# depend on the backlog's size. Quick runs on RabbitMQ take fewer: publishing with confirms
-# is slower there, and the wait for the rest of the backlog would dominate the quick run.
+# depend on the backlog's size. RabbitMQ takes fewer: publishing with confirms is slower
+# there, and the wait for the rest of the backlog would dominate the run.
 BACKLOG = {"ours": 20_000, "peer": 5_000}
 QUICK_BACKLOG = {"ours": 10_000, "peer": 2_000}
+BACKLOG_RABBITMQ = {"ours": 10_000, "peer": 5_000}
 QUICK_BACKLOG_RABBITMQ = {"ours": 5_000, "peer": 2_000}
 CAP = 330.0  # seconds; the peer's stale timeout is 300 s
 QUICK_CAP = 20.0
@@ -124,9 +125,9 @@ def start(world: World, side: Side) -> Pending:
 
 
 def _backlog(world: World) -> dict[str, int]:
-    if not world.quick:
-        return BACKLOG
-    return QUICK_BACKLOG_RABBITMQ if world.broker.key == "rabbitmq" else QUICK_BACKLOG
+    if world.broker.key == "rabbitmq":
+        return QUICK_BACKLOG_RABBITMQ if world.quick else BACKLOG_RABBITMQ
+    return QUICK_BACKLOG if world.quick else BACKLOG
 
 
 def kill_one(world: World, side: Side, relays: list[Proc]) -> tuple[list[int], float]:

@@ -16,7 +16,7 @@ import platform
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,23 +57,12 @@ def world(work_dir: Path, *, peer: bool, quick: bool, brokers: list[str]) -> Ite
     slots = [MAIN, *(crash_slot(key) for key in brokers)]
     names = [slot.database(side) for slot in slots for side in sides]
     with contextlib.ExitStack() as stack:
-        # The RabbitMQ node boots in the background while PostgreSQL is prepared.
-        rabbit = (
-            stack.enter_context(broker_services.rabbit_broker())
-            if broker_services.RABBITMQ in brokers
-            else None
-        )
+        early, ready = _start_brokers(stack, brokers, work_dir)
         pg = stack.enter_context(services.postgres())
-        redis = (
-            stack.enter_context(broker_services.redis_broker(work_dir))
-            if broker_services.REDIS in brokers
-            else None
-        )
         stack.enter_context(services.databases(pg, names))
         procs = Processes(work_dir)
         stack.callback(procs.stop_all)  # runs first: nothing may outlive the databases
-        prefix = _run_prefix(brokers)
-        first = _prefixed(redis or (rabbit() if rabbit else None), prefix)
+        first = early or ready()[0]
         bare = World(
             pg=pg, broker=first, brokers=(first,), procs=procs, sides=sides,
             work_dir=work_dir, quick=quick,
@@ -83,19 +72,42 @@ def world(work_dir: Path, *, peer: bool, quick: bool, brokers: list[str]) -> Ite
         for side in sides:
             for slot in slots[1:]:
                 services.clone_database(pg, MAIN.database(side), slot.database(side))
-        chosen = tuple(_prefixed(b, prefix) for b in (redis, rabbit() if rabbit else None) if b)
-        ready = World(
-            pg=pg,
-            broker=chosen[0],
-            brokers=chosen,
-            procs=procs,
-            work_dir=work_dir,
-            quick=quick,
-            sides=tuple(with_template(s, row) for s, row in zip(sides, rows, strict=True)),
-        )
+        chosen = ready()
         for broker in chosen:
             broker_services.declare(broker, queues(broker, sides))
-        yield ready
+        yield dataclasses.replace(
+            bare,
+            broker=chosen[0],
+            brokers=chosen,
+            sides=tuple(with_template(s, row) for s, row in zip(sides, rows, strict=True)),
+        )
+
+
+def _start_brokers(
+    stack: contextlib.ExitStack, brokers: list[str], work_dir: Path
+) -> tuple[Broker | None, Callable[[], tuple[Broker, ...]]]:
+    """Start the chosen brokers; (Redis at once if chosen, a wait for all of them).
+
+    The RabbitMQ node boots in the background (several seconds) while PostgreSQL is
+    prepared; every broker gets the run's queue-name prefix.
+    """
+    rabbit = (
+        stack.enter_context(broker_services.rabbit_broker())
+        if broker_services.RABBITMQ in brokers
+        else None
+    )
+    redis = (
+        stack.enter_context(broker_services.redis_broker(work_dir))
+        if broker_services.REDIS in brokers
+        else None
+    )
+    prefix = _run_prefix(brokers)
+
+    def ready() -> tuple[Broker, ...]:
+        found = (redis, rabbit() if rabbit else None)
+        return tuple(_prefixed(b, prefix) for b in found if b is not None)
+
+    return (_prefixed(redis, prefix) if redis else None), ready
 
 
 def _run_prefix(brokers: list[str]) -> str:
@@ -112,9 +124,7 @@ def _run_prefix(brokers: list[str]) -> str:
     return f"outbox-bench-{uuid.uuid4().hex[:8]}-"
 
 
-def _prefixed(broker: Broker | None, prefix: str) -> Broker:
-    if broker is None:
-        raise BenchError("no broker chosen")
+def _prefixed(broker: Broker, prefix: str) -> Broker:
     return dataclasses.replace(broker, prefix=prefix)
 
 

@@ -330,6 +330,15 @@ def _our_publish_path(row: dict[str, Any], count: int, publisher: Any) -> dict[s
     }
 
 
+SETTLE_TIMEOUT = 30.0  # seconds for messages sent without confirms to reach the queue
+
+
+def _wait_for_depth(reader: Any, queue: str, count: int) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while reader.depth(queue) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def ceiling(args: argparse.Namespace) -> None:
     """How fast this machine gets Celery messages into the broker, without any database."""
     _django()
@@ -340,6 +349,9 @@ def ceiling(args: argparse.Namespace) -> None:
     reader = depth_reader(settings.BROKER_URL)
     reader.purge(settings.OURS_QUEUE)
     plain = _plain_send_task(args.count)
+    # Without confirms the last messages may still be on their way: let them land before the
+    # purge, or they would be counted as our path's.
+    _wait_for_depth(reader, settings.OURS_QUEUE, args.count + 1)
     reader.purge(settings.OURS_QUEUE)
     row = json.loads(Path(args.template).read_text())
     paths = {}
