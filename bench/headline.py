@@ -11,8 +11,13 @@ Row = dict[str, Any]
 Line = tuple[str, str, str, str]  # figure, ours, peer, comparison
 
 
-def _more(text: str, how: str) -> str:
-    return text if text == "n/a" else f"{text} {how}"
+def _versus(ours: Any, peer: Any) -> str:
+    """How ours compares: 'Nx lower' or 'Nx higher' (never a ratio below 1)."""
+    if not ours or not peer:
+        return "n/a"
+    if ours <= peer:
+        return f"{ratio(peer, ours)} lower"
+    return f"{ratio(ours, peer)} higher"
 
 
 def _result(report: dict[str, Any], name: str) -> Any:
@@ -39,7 +44,7 @@ def _latency(result: dict[str, Any]) -> list[Line]:
                     f"commit → broker {pct} at {rate:,} msg/s",
                     late(ours),
                     late(peer),
-                    _more(ratio(peer, ours), "lower"),
+                    _versus(ours, peer),
                 )
             )
     return lines
@@ -54,7 +59,7 @@ def _drain(result: dict[str, Any]) -> list[Line]:
                 f"drain, {relays} relay{'s' * (relays > 1)} (msg/s)",
                 num(ours),
                 num(peer),
-                _more(ratio(ours, peer), "higher"),
+                _versus(ours, peer),
             )
         )
     for field, what in (
@@ -63,9 +68,7 @@ def _drain(result: dict[str, Any]) -> list[Line]:
     ):
         ours, peer = _pair(result["rows"], field, relays=1)
         if ours is not None or peer is not None:
-            lines.append(
-                (what, f"{num(ours)} µs", f"{num(peer)} µs", _more(ratio(peer, ours), "lower"))
-            )
+            lines.append((what, f"{num(ours)} µs", f"{num(peer)} µs", _versus(ours, peer)))
     return lines
 
 
@@ -87,7 +90,7 @@ def _writers(result: dict[str, Any], broker: str) -> list[Line]:
     if ours is None and peer is None:
         return []
     shown = [f"{r['tps']:,.0f} tps" if r else "n/a" for r in (ours, peer)]
-    compared = ratio(ours["tps"], peer["tps"]) if ours and peer else ""
+    compared = _versus(ours["tps"], peer["tps"]) if ours and peer else ""
     return [(f"{most} writers, relay running", shown[0], shown[1], compared)]
 
 
@@ -107,7 +110,12 @@ def _enqueue(result: dict[str, Any]) -> list[Line]:
     for per_tx in (1, 100):
         ours, peer = _pair(result["rows"], "rows_per_s", per_transaction=per_tx)
         lines.append(
-            (f"enqueue, {per_tx} per transaction (rows/s)", num(ours), num(peer), ratio(ours, peer))
+            (
+                f"enqueue, {per_tx} per transaction (rows/s)",
+                num(ours),
+                num(peer),
+                _versus(ours, peer),
+            )
         )
     return lines
 

@@ -88,7 +88,7 @@ def _drain_panel(report: dict[str, Any]) -> Any:
             continue
         rows = entry["result"]["rows"]
         for n in (1, 2):
-            groups.append(f"{label}, {n} relay{'s' * (n > 1)}")
+            groups.append(f"{label}\n{n} relay{'s' * (n > 1)}")
             for key in report["sides"]:
                 heights[key].append(_value(rows, "per_s", side=key, relays=n))
     if not groups:
