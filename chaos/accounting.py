@@ -278,9 +278,10 @@ def timeline(
     ]
 
 
-def refused(tally: Tally, received: Counter[str], stored: Counter[str]) -> int:
-    """Publishes of committed messages the broker received but did not store (RabbitMQ: a
-    queue at its length limit nacked them); 0 where received and stored are the same count."""
+def not_stored(tally: Tally, received: Counter[str], stored: Counter[str]) -> int:
+    """Publishes of committed messages the broker received but did not store: refused (a
+    RabbitMQ queue at its length limit nacks them) or cut off (the node stopped before
+    storing); 0 on Redis, where received and stored are the same count."""
     return sum(max(0, received[tid] - stored[tid]) for tid in tally.committed)
 
 

@@ -236,7 +236,7 @@ class Harness:
                 redelivered=station.site.redelivered(),
             )
         )
-        result["broker_refused"] = accounting.refused(
+        result["broker_not_stored"] = accounting.not_stored(
             load.tally, station.site.received(), published
         )
         result.update(accounting.latency_figures(load.tally, done, window))
