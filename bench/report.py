@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import enqueue, headline, tables
+from bench import enqueue, headline, tables, texts
 
 Render = Callable[[dict[str, Any], dict[str, str]], str]
 SECTIONS: tuple[tuple[str, str, Render], ...] = (
@@ -65,7 +65,7 @@ def _section(report: dict[str, Any], key: str, title: str, render: Render) -> st
     for broker, label in report["brokers"].items():
         entry = scenarios.get(f"{key}.{broker}")
         if entry is not None:
-            head = f"### {label}\n\n" + tables.broker_line(report, broker)
+            head = f"### {label}\n\n" + texts.broker_line(report, broker)
             parts.append(head + _body(entry, render, report["sides"]))
     return f"## {title}\n\n" + "\n".join(parts) if parts else ""
 
@@ -82,15 +82,15 @@ def write_docs(report: dict[str, Any], docs: Path, images: Path) -> None:
     report = upgrade(report)
     images.mkdir(parents=True, exist_ok=True)
     made = plots(report, images)
-    parts = [tables.preamble(report), headline.summary(report), tables.machine(report)]
+    parts = [texts.preamble(report), headline.summary(report), texts.machine(report)]
     for key, title, render in SECTIONS:
         section = _section(report, key, title, render)
         if not section:
             continue
         for file in made.get(key, []):
             section += f"\n![{title}](img/{file})\n"
-        parts.append(section + tables.NOTES.get(key, ""))
-    parts.append(tables.METHOD)
+        parts.append(section + texts.NOTES.get(key, ""))
+    parts.append(texts.METHOD)
     docs.write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
 
 
