@@ -139,7 +139,8 @@ NOTES = {
         "indexes) costs more than an LPUSH. The profile shows the split. `bulk()` pays the "
         "round trip once per 5,000 rows and skips most of `send_task` for repeated shapes; "
         "with Sentry initialised its Celery integration adds trace headers to every call, "
-        "which sends each call through Celery's full path.\n"
+        "which sends each call through Celery's full path. django-celery-outbox 0.4.3 imports "
+        "sentry_sdk unconditionally, so it has no row where sentry-sdk is absent.\n"
     ),
     "ceiling": (
         "\nNo database: how fast Celery messages reach the broker at all from one Python process. "

@@ -98,8 +98,6 @@ def _assert_broker_named_everywhere(report: dict[str, Any], tmp_path: Path) -> N
     for title in titles:
         assert "### Redis\n\nBroker: Redis" in sections[title], sections[title][:400]
         assert "### RabbitMQ\n\nBroker: RabbitMQ" in sections[title], sections[title][:400]
-    relay_rows = [r for r in report["scenarios"]["writers"]["result"]["rows"] if r["broker"]]
-    assert {r["broker"] for r in relay_rows} == {"redis", "rabbitmq"}
 
 
 @pytest.mark.redis
