@@ -112,7 +112,7 @@ def run(world: World) -> dict[str, Any]:
         row["ratio_to_no_trigger"] = (
             row["tps"] / base[row["writers"]] if base.get(row["writers"]) else None
         )
-    return {"seconds": seconds, "writers": list(WRITERS), "brokers": list(brokers), "rows": rows}
+    return {"seconds": seconds, "writers": list(WRITERS), "brokers": chosen, "rows": rows}
 
 
 def _script(world: World, side: Side) -> Path:
