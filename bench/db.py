@@ -20,7 +20,7 @@ OUR_TRIGGER_DEF = (
 
 
 def reset(world: World, side: Side, slot: Slot = MAIN) -> None:
-    """Empty the side's outbox and dead-letter tables and its Redis list; checkpoint."""
+    """Empty the side's outbox and dead-letter tables and its queue on the broker; checkpoint."""
     tables = [
         side.table,
         "outbox_notify_dead_letter_v1" if side.key == "ours" else "celery_outbox_dead_letter",
@@ -32,7 +32,7 @@ def reset(world: World, side: Side, slot: Slot = MAIN) -> None:
         if not world.quick:
             with contextlib.suppress(errors.InsufficientPrivilege):
                 conn.execute("CHECKPOINT")
-    world.broker.client().delete(slot.queue(side))
+    world.broker.purge(world.queue(side, slot))
 
 
 def count(world: World, side: Side, slot: Slot = MAIN) -> int:

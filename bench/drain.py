@@ -1,9 +1,11 @@
-"""Drain throughput: a committed backlog published by 1 and by 2 relays.
+"""Drain throughput: a committed backlog published by 1 and by 2 relays, to one broker.
 
 The relays start on an empty table and settle; the backlog is inserted in one transaction and
-the clock starts when its commit returns. It stops when the Redis list holds every message.
-CPU comes from /proc: utime + stime of the relay processes, and of the PostgreSQL server's
-whole process tree when the server is a private one (its reaped backends included).
+the clock starts when its commit returns. It stops when the broker's queue holds every message
+(the Redis list's length; the RabbitMQ queue's ready messages). CPU comes from /proc: utime +
+stime of the relay processes, of the PostgreSQL server's whole process tree when the server
+is a private one (its reaped backends included), and of the broker's server process when it
+is a private one (redis-server; RabbitMQ's beam.smp).
 """
 
 from __future__ import annotations
@@ -13,22 +15,23 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import db
 from bench.procs import BenchError, Proc, tree_cpu_seconds
-from bench.sides import MAIN, Side, World
+from bench.sides import Side, World
 
 BACKLOG = 100_000
 QUICK_BACKLOG = 10_000
 RELAY_COUNTS = (1, 2)
 SETTLE = 1.0  # seconds between the relays being up and the commit
 QUICK_SETTLE = 0.3
-CAP = 60.0  # seconds one drain may take; a slower one reports its rate over the cap
+CAP = 30.0  # seconds one drain may take; a slower one reports its rate over the cap
 QUICK_CAP = 6.0
-LIST_POLL = 0.01  # seconds between LLEN checks
+DEPTH_POLL = 0.01  # seconds between two reads of the queue's depth
 PROFILE_BACKLOG = 30_000
 PROFILE_RATE = 250  # py-spy samples per second
 
@@ -39,13 +42,39 @@ def run(world: World) -> dict[str, Any]:
     rows = [
         one_drain(world, side, relays, backlog) for relays in RELAY_COUNTS for side in world.sides
     ]
-    return {"backlog": backlog, "rows": rows, "postgres_cpu": world.pg.private}
+    return {
+        "broker": world.broker.key,
+        "backlog": backlog,
+        "cap_s": QUICK_CAP if world.quick else CAP,
+        "rows": rows,
+        "postgres_cpu": world.pg.private,
+        "broker_cpu": world.broker.pid is not None,
+    }
 
 
-def _cpu(relays: list[Proc], world: World) -> tuple[float, float | None]:
+@dataclass(frozen=True, kw_only=True)
+class Cpu:
+    """CPU seconds used so far: relays, PostgreSQL and the broker (None: not ours to read)."""
+
+    relays: float
+    pg: float | None
+    broker: float | None
+
+
+def _cpu(relays: list[Proc], world: World) -> Cpu:
     postmaster = world.pg.postmaster_pid()
-    pg = tree_cpu_seconds(postmaster) if postmaster else None
-    return sum(r.cpu() for r in relays), pg
+    return Cpu(
+        relays=sum(r.cpu() for r in relays),
+        pg=tree_cpu_seconds(postmaster) if postmaster else None,
+        broker=world.broker.cpu(),
+    )
+
+
+def _per_message(before: float | None, after: float | None, count: int) -> float | None:
+    """Microseconds per message between two CPU readings; None when either is missing."""
+    if before is None or after is None:
+        return None
+    return (after - before) / count * 1e6
 
 
 def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, Any]:
@@ -60,36 +89,35 @@ def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, A
     return {"side": side.key, "relays": count, **timing}
 
 
-def _poll_list(client: Any, queue: str, target: int, deadline: float) -> tuple[float, float]:
-    """Poll LLEN until it reaches target or the deadline; (first arrival, last check) times."""
+def _poll_depth(depth: Callable[[], int], target: int, deadline: float) -> tuple[float, float]:
+    """Read the depth until it reaches target or the deadline; (first arrival, last read) times."""
     first = None
     while True:
-        length = client.llen(queue)
+        length = depth()
         now = time.monotonic()
         if length and first is None:
             first = now
         if length >= target or now >= deadline:
             return (first or now), now
-        time.sleep(LIST_POLL)
+        time.sleep(DEPTH_POLL)
 
 
 def timed_drain(world: World, side: Side, relays: list[Proc], backlog: int) -> dict[str, Any]:
-    """Commit the backlog, wait until Redis has it all (or the cap); rate and CPU per message."""
+    """Commit the backlog, wait until the broker has it all (or the cap); rate, CPU per message."""
     cap = QUICK_CAP if world.quick else CAP
     pending = db.PendingFill(world, side, backlog)
-    client = world.broker.client()
-    queue = MAIN.queue(side)
-    try:
-        relay_cpu0, pg_cpu0 = _cpu(relays, world)
-        committed = pending.commit()
-    finally:
-        pending.close()
-    first, done = _poll_list(client, queue, backlog, committed + cap)
-    relay_cpu1, pg_cpu1 = _cpu(relays, world)
-    for relay in relays:
-        if not relay.alive():
-            raise BenchError(f"{relay.name} died during the drain:\n{relay.tail()}")
-    published = int(client.llen(queue))
+    with world.broker.depth_of(world.queue(side)) as depth:
+        try:
+            before = _cpu(relays, world)
+            committed = pending.commit()
+        finally:
+            pending.close()
+        first, done = _poll_depth(depth, backlog, committed + cap)
+        after = _cpu(relays, world)
+        for relay in relays:
+            if not relay.alive():
+                raise BenchError(f"{relay.name} died during the drain:\n{relay.tail()}")
+        published = depth()
     counted = min(published, backlog)
     if not counted:
         raise BenchError(f"{side.label} published nothing in {cap:.0f} s")
@@ -101,10 +129,9 @@ def timed_drain(world: World, side: Side, relays: list[Proc], backlog: int) -> d
         "seconds": seconds,
         "per_s": counted / seconds,
         "first_after_s": first - committed,
-        "relay_cpu_us_per_msg": (relay_cpu1 - relay_cpu0) / counted * 1e6,
-        "pg_cpu_us_per_msg": None
-        if pg_cpu0 is None or pg_cpu1 is None
-        else (pg_cpu1 - pg_cpu0) / counted * 1e6,
+        "relay_cpu_us_per_msg": (after.relays - before.relays) / counted * 1e6,
+        "pg_cpu_us_per_msg": _per_message(before.pg, after.pg, counted),
+        "broker_cpu_us_per_msg": _per_message(before.broker, after.broker, counted),
         "duplicates": max(0, published - backlog),
     }
 
@@ -115,14 +142,18 @@ def timed_drain(world: World, side: Side, relays: list[Proc], backlog: int) -> d
 def profile(world: World, side: Side, out_dir: Path) -> dict[str, Any]:
     """One extra drain of our relay with py-spy attached: where the relay's time goes."""
     backlog = QUICK_BACKLOG if world.quick else PROFILE_BACKLOG
-    raw = out_dir / "relay-profile.txt"
+    raw = out_dir / f"relay-profile-{world.broker.key}.txt"
     db.reset(world, side)
     with world.procs.started(lambda: world.start_relays(side, 1), signal.SIGKILL) as relays:
         time.sleep(SETTLE)
         with py_spy(relays[0], raw):
             timing = timed_drain(world, side, relays, backlog)
     db.reset(world, side)
-    return {"drain_under_profiler": timing, **summarise_profile(raw)}
+    return {
+        "broker": world.broker.key,
+        "drain_under_profiler": timing,
+        **summarise_profile(raw),
+    }
 
 
 @contextlib.contextmanager

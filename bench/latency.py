@@ -2,8 +2,9 @@
 
 A producer process commits rows at a fixed rate from several connections (so the rate does not
 depend on one connection's fsync wait) and stamps each commit's return; a consumer process
-pops the Redis list with BRPOP and stamps each arrival. Both stamps are CLOCK_MONOTONIC.
-Per round, each library in turn gets one relay that lives through all the rates.
+takes each message off the broker as it arrives (Redis: BRPOP on the list; RabbitMQ: a
+basic.consume on the queue) and stamps it. Both stamps are CLOCK_MONOTONIC. Per round, each
+library in turn gets one relay that lives through all the rates.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from bench import db
 from bench.procs import BenchError, Proc, wait_until
-from bench.sides import MAIN, Side, World, one_row_sql
+from bench.sides import Side, World, one_row_sql
 
 RATES = (50, 500, 2000)  # messages per second
 QUICK_RATES = (50, 500)
@@ -54,7 +55,14 @@ def run(world: World) -> dict[str, Any]:
         for rate in rates
         for side in world.sides
     ]
-    return {"rates": list(rates), "seconds": seconds, "rounds": rounds, "rows": rows, "runs": runs}
+    return {
+        "broker": world.broker.key,
+        "rates": list(rates),
+        "seconds": seconds,
+        "rounds": rounds,
+        "rows": rows,
+        "runs": runs,
+    }
 
 
 def one_round(world: World, side: Side, rates: tuple[int, ...], seconds: float) -> dict[int, Any]:
@@ -62,7 +70,7 @@ def one_round(world: World, side: Side, rates: tuple[int, ...], seconds: float) 
     db.reset(world, side)
     sql_file = world.work_dir / f"insert-{side.key}.sql"
     sql_file.write_text(one_row_sql(side))
-    arrivals_file = world.work_dir / f"arrivals-{side.key}.json"
+    arrivals_file = world.work_dir / f"arrivals-{side.key}-{world.broker.key}.json"
     consumer = start_consumer(world, side, arrivals_file)
     produced: dict[int, dict[str, Any]] = {}
     try:
@@ -79,7 +87,7 @@ def one_round(world: World, side: Side, rates: tuple[int, ...], seconds: float) 
 
 
 def start_consumer(world: World, side: Side, out: Path) -> Proc:
-    args = ["consume", "--url", world.broker.url, "--queue", MAIN.queue(side), "--out", str(out)]
+    args = ["consume", "--url", world.broker.url, "--queue", world.queue(side), "--out", str(out)]
     consumer = world.worker(f"consume-{side.key}", args)
     consumer.wait_for_output("consumer.ready")
     return consumer
@@ -97,7 +105,7 @@ def produce(
 ) -> dict[str, Any]:
     """Run the producer at one rate, then give the relay up to `catch_up` s to publish it all."""
     rate, seconds = load
-    out = world.work_dir / f"produced-{side.key}-{rate}.json"
+    out = world.work_dir / f"produced-{side.key}-{world.broker.key}-{rate}.json"
     args = ["produce", "--dsn", world.dsn(side), "--sql", str(sql_file), "--out", str(out),
             "--rate", str(rate), "--seconds", str(seconds), "--threads", str(PRODUCER_THREADS)]  # fmt: skip
     producer = world.worker(f"produce-{side.key}-{rate}", args)
@@ -105,16 +113,17 @@ def produce(
     world.procs.stop(producer)
     if status != 0:
         raise BenchError(f"the producer failed ({status}):\n{producer.tail()}")
-    client = world.broker.client()
-    queue = MAIN.queue(side)
-    with contextlib.suppress(BenchError):  # still behind: counted as not delivered
-        wait_until(lambda: db.count(world, side) == 0 and client.llen(queue) == 0, catch_up, "")
+    with (
+        world.broker.depth_of(world.queue(side)) as depth,
+        contextlib.suppress(BenchError),  # still behind: counted as not delivered
+    ):
+        wait_until(lambda: db.count(world, side) == 0 and depth() == 0, catch_up, "")
     time.sleep(BRPOP_SLACK)
     loaded: dict[str, Any] = json.loads(out.read_text())
     return loaded
 
 
-BRPOP_SLACK = 0.1  # seconds: the consumer stamps what it popped before we stop it
+BRPOP_SLACK = 0.1  # seconds: the consumer stamps what it took before we stop it
 
 
 def match(produced: dict[str, Any], consumed: dict[str, Any]) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 enqueue: `task.delay()` inside `transaction.atomic()`, 1 and 100 messages per transaction, in
 a fresh process per library (no relay running); rows per second.
-ceiling: how fast this machine gets Celery messages into Redis at all, with no database: a
-plain `celery.Celery.send_task` loop, and our relay's own path (messages.prepare +
-KombuPublisher.publish in batches of 100) fed synthetic claimed rows.
+ceiling: how fast this machine gets Celery messages into a broker at all, with no database: a
+plain `celery.Celery.send_task` loop, and our relay's own path (messages.prepare + the
+publisher's publish, in batches of 100) fed synthetic claimed rows; once per broker.
 """
 
 from __future__ import annotations
@@ -52,15 +52,17 @@ def enqueue(world: World) -> dict[str, Any]:
 
 
 def ceiling(world: World) -> dict[str, Any]:
-    """Plain send_task and our publish path, straight to Redis."""
+    """Plain send_task and our publish path, straight to the broker."""
     ours = next(s for s in world.sides if s.key == "ours")
     count = QUICK_CEILING_MESSAGES if world.quick else CEILING_MESSAGES
     template = world.work_dir / "template-ours.json"
     template.write_text(json.dumps(ours.template))
     result = _worker_json(
-        world, "ceiling", ["ceiling", "--count", str(count), "--template", str(template)]
+        world,
+        f"ceiling-{world.broker.key}",
+        ["ceiling", "--count", str(count), "--template", str(template)],
     )
     for name, path in result["ours"].items():
-        if path["not_published"] or path["in_redis"] != count:
+        if path["not_published"] or path["in_broker"] != count:
             raise BenchError(f"our publish path {name} lost messages: {path}")
-    return result
+    return {"broker": world.broker.key, **result}

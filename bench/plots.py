@@ -7,17 +7,21 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 
+from bench.tables import writer_label
+
 COLOURS = {"ours": "#1f77b4", "peer": "#d62728"}
 WRITER_COLOURS = {
     "ours-no-trigger": "#9ecae1",
     "ours-trigger": "#6baed6",
     "ours": "#1f77b4",
     "peer": "#d62728",
+    "ours-rabbitmq": "#08306b",
+    "peer-rabbitmq": "#fb6a4a",
 }
 DPI = 110
 
 
-def latency_cdf(result: dict[str, Any], sides: dict[str, str], out: Path) -> None:
+def latency_cdf(result: dict[str, Any], sides: dict[str, str], out: Path, broker: str) -> None:
     """One panel per rate: the share of messages that arrived within x ms, x on a log axis."""
     rates = result["rates"]
     fig, axes = plt.subplots(
@@ -36,7 +40,7 @@ def latency_cdf(result: dict[str, Any], sides: dict[str, str], out: Path) -> Non
                 xs, ys = zip(*shown, strict=True)
                 ax.step(xs, ys, where="post", label=label, color=COLOURS[key])
         ax.set_xscale("log")
-        ax.set_title(f"{rate:,} messages/s")
+        ax.set_title(f"{broker}: {rate:,} messages/s")
         ax.set_xlabel("commit → broker (ms, log)")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("share of messages")
@@ -74,18 +78,28 @@ def _value(rows: list[dict[str, Any]], field: str, **match: Any) -> float:
     return float(found[0]) if found else 0.0
 
 
-def _drain_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
-    rows = result["rows"]
-    series = [
-        (label, COLOURS[k], [_value(rows, "per_s", side=k, relays=n) for n in (1, 2)])
-        for k, label in sides.items()
-    ]
-    return ["1 relay", "2 relays"], series, "drain: messages/s"
+def _drain_panel(report: dict[str, Any]) -> Any:
+    """Bars per broker and relay count: messages/s of each library."""
+    groups: list[str] = []
+    heights: dict[str, list[float]] = {k: [] for k in report["sides"]}
+    for broker, label in report["brokers"].items():
+        entry = report["scenarios"].get(f"drain.{broker}", {})
+        if entry.get("status") != "ok":
+            continue
+        rows = entry["result"]["rows"]
+        for n in (1, 2):
+            groups.append(f"{label}\n{n} relay{'s' * (n > 1)}")
+            for key in report["sides"]:
+                heights[key].append(_value(rows, "per_s", side=key, relays=n))
+    if not groups:
+        return None
+    series = [(label, COLOURS[k], heights[k]) for k, label in report["sides"].items()]
+    return groups, series, "drain: messages/s"
 
 
 def _writers_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
     rows = result["rows"]
-    configs = dict.fromkeys((r["config"], r["label"]) for r in rows)
+    configs = dict.fromkeys((r["config"], writer_label(r)) for r in rows)
     series = [
         (
             label,
@@ -111,19 +125,29 @@ def _enqueue_panel(result: dict[str, Any], sides: dict[str, str]) -> Any:
     return ["1 per transaction", "100 per transaction"], series, "enqueue: rows/s"
 
 
-PANELS = (("drain", _drain_panel), ("writers", _writers_panel), ("enqueue", _enqueue_panel))
+def _ok(report: dict[str, Any], key: str) -> Any:
+    entry = report["scenarios"].get(key, {})
+    return entry["result"] if entry.get("status") == "ok" else None
 
 
-def throughput(scenarios: dict[str, Any], sides: dict[str, str], out: Path) -> None:
-    """Bars: drain messages/s, writer transactions/s, enqueue rows/s (whichever ran)."""
-    panels = [
-        make(scenarios[key]["result"], sides)
-        for key, make in PANELS
-        if scenarios.get(key, {}).get("status") == "ok"
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
-    for ax, (groups, series, title) in zip(axes[0], panels, strict=True):
+def throughput(report: dict[str, Any], out: Path) -> bool:
+    """Bars: drain messages/s (per broker), writer transactions/s, enqueue rows/s.
+
+    Draws whichever ran; False (and no file) when none did.
+    """
+    sides = report["sides"]
+    panels = [_drain_panel(report)]
+    for key, make in (("writers", _writers_panel), ("enqueue", _enqueue_panel)):
+        result = _ok(report, key)
+        panels.append(make(result, sides) if result is not None else None)
+    shown = [panel for panel in panels if panel is not None]
+    if not shown:
+        return False
+    widths = [max(5.2, 1.3 * len(groups)) for groups, _, _ in shown]
+    fig, axes = plt.subplots(1, len(shown), figsize=(sum(widths), 3.8), squeeze=False)
+    for ax, (groups, series, title) in zip(axes[0], shown, strict=True):
         _bars(ax, groups, series, title)
     fig.tight_layout()
     fig.savefig(out, dpi=DPI)
     plt.close(fig)
+    return True

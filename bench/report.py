@@ -1,4 +1,9 @@
-"""Turns a results report into Markdown tables, PNG plots and docs/benchmarks.md."""
+"""Turns a results report into Markdown tables, PNG plots and docs/benchmarks.md.
+
+Scenarios that depend on the broker are stored once per broker (`latency.redis`,
+`latency.rabbitmq`, ...) and rendered as one section with a subsection per broker, each
+saying which broker it measured.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import enqueue, headline, tables
+from bench import enqueue, headline, tables, texts
 
-SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, str]], str]], ...] = (
+Render = Callable[[dict[str, Any], dict[str, str]], str]
+SECTIONS: tuple[tuple[str, str, Render], ...] = (
     ("latency", "Latency: commit to broker", tables.latency),
     ("drain", "Drain throughput", tables.drain),
     ("writers", "Writer concurrency", tables.writers),
@@ -16,47 +22,85 @@ SECTIONS: tuple[tuple[str, str, Callable[[dict[str, Any], dict[str, str]], str]]
     ("crash", "Crash recovery", tables.crash),
     ("enqueue", "Enqueue cost", tables.enqueue),
     ("delay", "One delay(): ours, the peer and a plain Celery publish", enqueue.table),
-    ("ceiling", "Ceiling: publishing to Redis without a database", tables.ceiling),
+    ("ceiling", "Ceiling: publishing to the broker without a database", tables.ceiling),
     ("profile", "Where our relay's time goes (py-spy, drain of one relay)", tables.profile),
 )
-IMAGES = {"latency": "latency_cdf.png", "drain": "throughput.png"}
+PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
+LATENCY_IMAGE = {"redis": "latency_cdf.png"}  # other brokers: latency_cdf_<broker>.png
+THROUGHPUT_IMAGE = "throughput.png"
 
 
-def _section(report: dict[str, Any], key: str, title: str, render: Any, level: str) -> str:
-    entry = report["scenarios"].get(key)
-    if entry is None:
-        return ""
-    head = f"{level} {title}\n\n"
+def upgrade(report: dict[str, Any]) -> dict[str, Any]:
+    """A report saved before RabbitMQ was benchmarked, in today's shape (all of it Redis)."""
+    if "brokers" in report:
+        return report
+    report["brokers"] = {"redis": "Redis"}
+    scenarios = report["scenarios"]
+    for name in PER_BROKER:
+        if name in scenarios:
+            scenarios[f"{name}.redis"] = scenarios.pop(name)
+    machine = report.get("machine", {})
+    if "redis" in machine:
+        old = machine.pop("redis")
+        machine["brokers"] = {"redis": {**old, "broker_cpu": False}}
+    for row in scenarios.get("writers", {}).get("result", {}).get("rows", []):
+        row.setdefault("broker", "redis" if row["config"] in ("ours", "peer") else None)
+    return report
+
+
+def _body(entry: dict[str, Any], render: Render, sides: dict[str, str]) -> str:
     if entry["status"] != "ok":
         last = entry["error"].strip().splitlines()[-1]
-        return head + f"Failed: `{last}`\n"
-    return head + render(entry["result"], report["sides"]) + "\n"
+        return f"Failed: `{last}`\n"
+    return render(entry["result"], sides) + "\n"
+
+
+def _section(report: dict[str, Any], key: str, title: str, render: Render) -> str:
+    """`## title` and the scenario's tables (one subsection per broker where it has them)."""
+    scenarios = report["scenarios"]
+    if key not in PER_BROKER:
+        entry = scenarios.get(key)
+        return "" if entry is None else f"## {title}\n\n" + _body(entry, render, report["sides"])
+    parts = []
+    for broker, label in report["brokers"].items():
+        entry = scenarios.get(f"{key}.{broker}")
+        if entry is not None:
+            head = f"### {label}\n\n" + texts.broker_line(report, broker)
+            parts.append(head + _body(entry, render, report["sides"]))
+    return f"## {title}\n\n" + "\n".join(parts) if parts else ""
 
 
 def text(report: dict[str, Any]) -> str:
     """Every table, for the terminal."""
-    parts = [_section(report, key, title, render, "##") for key, title, render in SECTIONS]
+    report = upgrade(report)
+    parts = [_section(report, key, title, render) for key, title, render in SECTIONS]
     return "\n".join(p for p in parts if p)
 
 
 def write_docs(report: dict[str, Any], docs: Path, images: Path) -> None:
     """docs/benchmarks.md and its plots."""
+    report = upgrade(report)
     images.mkdir(parents=True, exist_ok=True)
     made = plots(report, images)
-    parts = [tables.preamble(report), headline.summary(report), tables.machine(report)]
+    parts = [texts.preamble(report), headline.summary(report), texts.machine(report)]
     for key, title, render in SECTIONS:
-        section = _section(report, key, title, render, "##")
+        section = _section(report, key, title, render)
         if not section:
             continue
-        if key in made:
-            section += f"\n![{title}](img/{made[key]})\n"
-        parts.append(section + tables.NOTES.get(key, ""))
-    parts.append(tables.METHOD)
+        for file in made.get(key, []):
+            section += f"\n![{title}](img/{file})\n"
+        parts.append(section + texts.NOTES.get(key, ""))
+    parts.append(texts.METHOD)
     docs.write_text("\n".join(parts).rstrip() + "\n", encoding="utf-8")
 
 
-def plots(report: dict[str, Any], images: Path) -> dict[str, str]:
-    """Draw what can be drawn; the file name per section. Nothing without matplotlib."""
+def _ok(report: dict[str, Any], key: str) -> Any:
+    entry = report["scenarios"].get(key)
+    return entry["result"] if entry and entry["status"] == "ok" else None
+
+
+def plots(report: dict[str, Any], images: Path) -> dict[str, list[str]]:
+    """Draw what can be drawn; the file names per section. Nothing without matplotlib."""
     try:
         import matplotlib
 
@@ -65,14 +109,13 @@ def plots(report: dict[str, Any], images: Path) -> dict[str, str]:
         return {}
     from bench import plots as drawing
 
-    made: dict[str, str] = {}
-    scenarios = report["scenarios"]
-    if scenarios.get("latency", {}).get("status") == "ok":
-        drawing.latency_cdf(
-            scenarios["latency"]["result"], report["sides"], images / IMAGES["latency"]
-        )
-        made["latency"] = IMAGES["latency"]
-    if any(scenarios.get(k, {}).get("status") == "ok" for k in ("drain", "writers", "enqueue")):
-        drawing.throughput(scenarios, report["sides"], images / IMAGES["drain"])
-        made["drain"] = IMAGES["drain"]
+    made: dict[str, list[str]] = {}
+    for broker, label in report["brokers"].items():
+        result = _ok(report, f"latency.{broker}")
+        if result is not None:
+            name = LATENCY_IMAGE.get(broker, f"latency_cdf_{broker}.png")
+            drawing.latency_cdf(result, report["sides"], images / name, label)
+            made.setdefault("latency", []).append(name)
+    if drawing.throughput(report, images / THROUGHPUT_IMAGE):
+        made["drain"] = [THROUGHPUT_IMAGE]
     return made

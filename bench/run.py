@@ -1,21 +1,26 @@
-"""Benchmarks of outbox-notify side by side with django-celery-outbox 0.4.3.
+"""Benchmarks of outbox-notify side by side with django-celery-outbox 0.4.3, on Redis and RabbitMQ.
 
-    make bench            # full run, <= 10 min: bench/results/latest.json and docs/benchmarks.md
-    make bench-quick      # short run, <= 2 min: bench/results/quick.json (docs untouched)
+    make bench            # full run, 10-15 min: bench/results/latest.json and docs/benchmarks.md
+    make bench-quick      # short run, 2-3 min: bench/results/quick.json (docs untouched)
     python -m bench.run --quick --no-peer --out /tmp/bench.json    # ours only (the smoke test)
-    python -m bench.run --scenarios latency,drain --write-docs
+    python -m bench.run --scenarios latency,drain --brokers rabbitmq --write-docs
+    python -m bench.run --render bench/results/latest.json          # docs again from a report
 
 Everything runs in .venv-bench/ (created on first use: this checkout, django-celery-outbox
 0.4.3, matplotlib, py-spy) except with --no-peer, which needs neither the peer nor that venv.
 PostgreSQL is the server named by OUTBOX_TEST_DATABASE_URL / DATABASE_URL, else a private
-durable one; Redis is a private redis-server (OUTBOX_BENCH_REDIS_URL to use another). Each
-library gets its own databases and Redis lists; the scenarios alternate the libraries.
+durable one; Redis is a private redis-server (OUTBOX_BENCH_REDIS_URL to use another);
+RabbitMQ is a private node (devtools.rabbitserver; OUTBOX_BENCH_AMQP_URL to use another, with
+queue names unique to the run, deleted at the end). Each library gets its own databases and
+queues; the scenarios alternate the libraries, and those that touch a broker run once per
+broker (latency, drain, crash, ceiling, profile; writers for its relay-running rows).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import shlex
 import signal
@@ -27,12 +32,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import venv
+from bench import brokers, venv
 
 RESULTS = venv.ROOT / "bench" / "results"
 DOCS = venv.ROOT / "docs" / "benchmarks.md"
 IMAGES = venv.ROOT / "docs" / "img"
 SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
+# Scenarios whose figures depend on the broker: run once per broker, reported as NAME.BROKER.
+PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -50,6 +57,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--scenarios",
         default=",".join(SCENARIOS),
         help=f"comma-separated subset of {','.join(SCENARIOS)}",
+    )
+    parser.add_argument(
+        "--brokers",
+        default=",".join(brokers.KEYS),
+        help=f"comma-separated subset of {','.join(brokers.KEYS)}",
     )
     parser.add_argument(
         "--out",
@@ -77,6 +89,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    args.brokers = [b for b in brokers.KEYS if b in {x.strip() for x in args.brokers.split(",")}]
+    if not args.brokers:
+        parser.error(f"--brokers names none of {', '.join(brokers.KEYS)}")
     args.out = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
     args.write_docs = not args.no_docs and (args.write_docs or not args.quick)
     if args.profile is None:
@@ -128,7 +143,7 @@ def render(path: Path) -> int:
     """Write docs/benchmarks.md and its plots again from a saved report."""
     from bench import report as reporting
 
-    report = json.loads(path.read_text(encoding="utf-8"))
+    report = reporting.upgrade(json.loads(path.read_text(encoding="utf-8")))
     reporting.write_docs(report, DOCS, IMAGES)
     print(f"bench: wrote {DOCS.relative_to(venv.ROOT)} from {path}", file=sys.stderr)
     return 0
@@ -160,7 +175,7 @@ def benchmark(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
     with (
         work_dir(args.work_dir) as folder,
-        setup.world(folder, peer=args.peer, quick=args.quick) as world,
+        setup.world(folder, peer=args.peer, quick=args.quick, brokers=args.brokers) as world,
     ):
         scenarios = run_scenarios(world, args.scenarios, args.profile)
         return {
@@ -169,6 +184,7 @@ def benchmark(args: argparse.Namespace, command: str) -> dict[str, Any]:
             "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "machine": setup.machine(world),
             "sides": {s.key: s.label for s in world.sides},
+            "brokers": {b.key: b.label for b in world.brokers},
             "scenarios": scenarios,
         }
 
@@ -192,8 +208,8 @@ def guarded(name: str, body: Callable[[], Any]) -> dict[str, Any]:
 
 
 def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]:
-    """Each chosen scenario in a fixed order; the peer's crash wait overlaps the others."""
-    from bench import crash, drain, idle, latency, micro
+    """Each chosen scenario in a fixed order; the peer's crash waits overlap the others."""
+    from bench import drain, idle, latency, micro
 
     runners: dict[str, Callable[[Any], Any]] = {
         "latency": latency.run,
@@ -205,21 +221,22 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
         "ceiling": micro.ceiling,
     }
     results: dict[str, Any] = {}
-    waiting: list[crash.Pending] = []
+    waiting: dict[str, list[Any]] = {}
     if "crash" in names:
-        results["crash"] = guarded("crash (start)", lambda: _crash_start(world, waiting))
+        for broker in world.brokers:
+            here = world.on(broker)
+            waiting[broker.key] = []
+            results[f"crash.{broker.key}"] = guarded(
+                f"crash on {broker.label} (start)",
+                functools.partial(_crash_start, here, waiting[broker.key]),
+            )
     for name in SCENARIOS:
         if name in names and name in runners:
-            results[name] = guarded(name, lambda run=runners[name]: run(world))
+            _run_one(world, name, runners[name], results)
     if profile:
-        ours = next(s for s in world.sides if s.key == "ours")
-        results["profile"] = guarded("profile", lambda: drain.profile(world, ours, world.work_dir))
-    if waiting and results["crash"]["status"] == "ok":
-        joined = guarded("crash (waiting for the peer)", lambda: [p.join(world) for p in waiting])
-        if joined["status"] == "ok":
-            results["crash"]["result"]["rows"].extend(joined["result"])
-        else:
-            results["crash"] = joined
+        _run_one(world, "profile", _profile, results)
+    for broker in world.brokers:
+        _crash_join(world.on(broker), waiting.get(broker.key, []), results)
     return results
 
 
@@ -227,6 +244,24 @@ def _delay(world: Any) -> Any:
     from bench import enqueue
 
     return enqueue.run(world)
+
+
+def _run_one(world: Any, name: str, run: Callable[[Any], Any], results: dict[str, Any]) -> None:
+    """One scenario: once per broker for those that depend on it, else once."""
+    if name not in PER_BROKER:
+        results[name] = guarded(name, lambda: run(world))
+        return
+    for broker in world.brokers:
+        results[f"{name}.{broker.key}"] = guarded(
+            f"{name} on {broker.label}", functools.partial(run, world.on(broker))
+        )
+
+
+def _profile(world: Any) -> Any:
+    from bench import drain
+
+    ours = next(s for s in world.sides if s.key == "ours")
+    return drain.profile(world, ours, world.work_dir)
 
 
 def _writers(world: Any) -> Any:
@@ -246,7 +281,26 @@ def _crash_start(world: Any, waiting: list[Any]) -> dict[str, Any]:
             rows.append(pending.join(world))
         else:
             waiting.append(pending)
-    return {"rows": rows, "cap_s": crash.QUICK_CAP if world.quick else crash.CAP}
+    return {
+        "broker": world.broker.key,
+        "rows": rows,
+        "cap_s": crash.QUICK_CAP if world.quick else crash.CAP,
+    }
+
+
+def _crash_join(world: Any, waiting: list[Any], results: dict[str, Any]) -> None:
+    """Wait for the peer's crash recovery on one broker (started before the other scenarios)."""
+    key = f"crash.{world.broker.key}"
+    if not waiting or results[key]["status"] != "ok":
+        return
+    joined = guarded(
+        f"crash on {world.broker.label} (waiting for the peer)",
+        lambda: [p.join(world) for p in waiting],
+    )
+    if joined["status"] == "ok":
+        results[key]["result"]["rows"].extend(joined["result"])
+    else:
+        results[key] = joined
 
 
 if __name__ == "__main__":

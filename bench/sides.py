@@ -16,8 +16,9 @@ from typing import Any
 
 from psycopg import sql
 
+from bench.brokers import Broker
 from bench.procs import Proc, Processes
-from bench.services import Postgres, Redis
+from bench.services import Postgres
 from bench.venv import ROOT
 
 SETTINGS_MODULE = "bench.project.settings"
@@ -83,7 +84,7 @@ PEER = Side(
 
 @dataclass(frozen=True, kw_only=True)
 class Slot:
-    """Where a side's processes read and publish: its database and its Redis list."""
+    """Where a side's processes read and publish: its database and its queue's name."""
 
     ours_db: str
     peer_db: str
@@ -103,24 +104,42 @@ MAIN = Slot(
     ours_queue="bench-ours",
     peer_queue="bench-peer",
 )
-CRASH = Slot(
-    ours_db="outbox_bench_ours_crash",
-    peer_db="outbox_bench_peer_crash",
-    ours_queue="bench-ours",
-    peer_queue="bench-peer-crash",
-)
+
+
+def crash_slot(broker: str) -> Slot:
+    """The crash scenario's databases and queues for one broker (waits on them overlap)."""
+    return Slot(
+        ours_db=f"outbox_bench_ours_crash_{broker}",
+        peer_db=f"outbox_bench_peer_crash_{broker}",
+        # Ours routes by the queue stored in its template row: the same queue as MAIN (its
+        # crash run is over before any other scenario starts and empties it).
+        ours_queue="bench-ours",
+        peer_queue="bench-peer-crash",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class World:
-    """Everything a scenario needs: services, process registry, sides and the environment."""
+    """Everything a scenario needs: services, process registry, sides and the environment.
+
+    `broker` is the one the relays of this scenario publish to; `brokers` all of the run's.
+    """
 
     pg: Postgres
-    broker: Redis
+    broker: Broker
+    brokers: tuple[Broker, ...]
     procs: Processes
     sides: tuple[Side, ...]
     work_dir: Path
     quick: bool
+
+    def on(self, broker: Broker) -> World:
+        """The same world with its relays publishing to another broker."""
+        return replace(self, broker=broker)
+
+    def queue(self, side: Side, slot: Slot = MAIN) -> str:
+        """The name of the side's queue on this world's broker."""
+        return self.broker.queue(slot.queue(side))
 
     def env(self, slot: Slot = MAIN, **extra: str) -> dict[str, str]:
         """Environment of a process of the benchmark project."""
@@ -137,9 +156,9 @@ class World:
             "BENCH_DB_PASSWORD": str(params.get("password") or ""),
             "BENCH_OURS_DB": slot.ours_db,
             "BENCH_PEER_DB": slot.peer_db,
-            "BENCH_OURS_QUEUE": slot.ours_queue,
-            "BENCH_PEER_QUEUE": slot.peer_queue,
-            "BENCH_REDIS_URL": self.broker.url,
+            "BENCH_OURS_QUEUE": self.broker.queue(slot.ours_queue),
+            "BENCH_PEER_QUEUE": self.broker.queue(slot.peer_queue),
+            "BENCH_BROKER_URL": self.broker.url,
             **extra,
         }
 

@@ -93,43 +93,46 @@ def latency(result: dict[str, Any], sides: Sides) -> str:
     return "\n".join(out)
 
 
+def _drain_row(r: dict[str, Any], relays: int, label: str) -> list[str]:
+    capped = "" if r.get("complete", True) else f" (cap; {r['published']:,} published)"
+    return [
+        str(relays),
+        label,
+        num(r["per_s"]),
+        f"{r['seconds']:.1f} s{capped}",
+        num(r["relay_cpu_us_per_msg"]),
+        num(r["pg_cpu_us_per_msg"]),
+        num(r.get("broker_cpu_us_per_msg")),
+        f"{r['first_after_s'] * 1000:.0f} ms",
+        str(r["duplicates"]),
+    ]
+
+
+def _drain_ratio(ours: dict[str, Any], peer: dict[str, Any], relays: int) -> list[str]:
+    return [
+        str(relays),
+        "**ours ÷ peer** (CPU: peer ÷ ours)",
+        ratio(ours["per_s"], peer["per_s"]),
+        "",
+        ratio(peer["relay_cpu_us_per_msg"], ours["relay_cpu_us_per_msg"]),
+        ratio(peer["pg_cpu_us_per_msg"], ours["pg_cpu_us_per_msg"]),
+        ratio(peer.get("broker_cpu_us_per_msg"), ours.get("broker_cpu_us_per_msg")),
+        "",
+        "",
+    ]
+
+
 def drain(result: dict[str, Any], sides: Sides) -> str:
     rows = []
     for relays in (1, 2):
         for key, label in sides.items():
             r = _by(result["rows"], side=key, relays=relays)
-            if r is None:
-                continue
-            rows.append(
-                [
-                    str(relays),
-                    label,
-                    num(r["per_s"]),
-                    f"{r['seconds']:.1f} s"
-                    + ("" if r.get("complete", True) else f" (cap; {r['published']:,} published)"),
-                    num(r["relay_cpu_us_per_msg"]),
-                    num(r["pg_cpu_us_per_msg"]),
-                    f"{r['first_after_s'] * 1000:.0f} ms",
-                    str(r["duplicates"]),
-                ]
-            )
-        ours, peer = (
-            _by(result["rows"], side="ours", relays=relays),
-            _by(result["rows"], side="peer", relays=relays),
-        )
+            if r is not None:
+                rows.append(_drain_row(r, relays, label))
+        ours = _by(result["rows"], side="ours", relays=relays)
+        peer = _by(result["rows"], side="peer", relays=relays)
         if ours and peer:
-            rows.append(
-                [
-                    str(relays),
-                    "**ours ÷ peer** (CPU: peer ÷ ours)",
-                    ratio(ours["per_s"], peer["per_s"]),
-                    "",
-                    ratio(peer["relay_cpu_us_per_msg"], ours["relay_cpu_us_per_msg"]),
-                    ratio(peer["pg_cpu_us_per_msg"], ours["pg_cpu_us_per_msg"]),
-                    "",
-                    "",
-                ]
-            )
+            rows.append(_drain_ratio(ours, peer, relays))
     header = [
         "relays",
         "library",
@@ -137,23 +140,30 @@ def drain(result: dict[str, Any], sides: Sides) -> str:
         "time",
         "relay CPU µs/msg",
         "PostgreSQL CPU µs/msg",
+        "broker CPU µs/msg",
         "first message after",
         "duplicates",
     ]
-    pg_note = (
-        ""
-        if result["postgres_cpu"]
-        else "\nPostgreSQL CPU: n/a (not a server the benchmark started).\n"
+    notes = ""
+    if not result["postgres_cpu"]:
+        notes += "\nPostgreSQL CPU: n/a (not a server the benchmark started).\n"
+    if not result.get("broker_cpu"):
+        notes += "\nBroker CPU: n/a (not a server the benchmark started).\n"
+    cap = f", at most {result['cap_s']:.0f} s each" if "cap_s" in result else ""
+    return (
+        f"Backlog: {result['backlog']:,} committed messages{cap}.\n\n" + table(header, rows) + notes
     )
-    return f"Backlog: {result['backlog']:,} committed messages.\n\n" + table(header, rows) + pg_note
 
 
 def writers(result: dict[str, Any], sides: Sides) -> str:
     rows = []
-    for label in dict.fromkeys(r["label"] for r in result["rows"]):
+    for label in dict.fromkeys(writer_label(r) for r in result["rows"]):
         cells = []
         for count in result["writers"]:
-            r = _by(result["rows"], label=label, writers=count)
+            r = next(
+                (x for x in result["rows"] if writer_label(x) == label and x["writers"] == count),
+                None,
+            )
             if r is None:
                 cells.append("")
                 continue
@@ -170,6 +180,18 @@ def writers(result: dict[str, Any], sides: Sides) -> str:
         "share of transactions that sent a NOTIFY, messages the relay published meanwhile.\n\n"
         + table(header, rows)
     )
+
+
+def writer_label(row: dict[str, Any]) -> str:
+    """The configuration's label, naming the broker its relay publishes to."""
+    label = str(row["label"])
+    broker = row.get("broker")
+    if broker and "(" not in label:
+        label += f" ({BROKER_NAMES.get(broker, broker)})"
+    return label
+
+
+BROKER_NAMES = {"redis": "Redis", "rabbitmq": "RabbitMQ"}
 
 
 def idle(result: dict[str, Any], sides: Sides) -> str:
@@ -258,7 +280,7 @@ def ceiling(result: dict[str, Any], sides: Sides) -> str:
     plain = result["plain_send_task"]
     rows = [
         [
-            "plain `celery.Celery.send_task`, one call per message",
+            "plain `celery.Celery.send_task` at Celery's defaults, one call per message",
             num(plain["per_s"]),
             num(plain["us_per_message"]),
         ]
@@ -280,7 +302,7 @@ def profile(result: dict[str, Any], sides: Sides) -> str:
     timing = result["drain_under_profiler"]
     head = (
         f"{result['samples']:,} py-spy samples taken while one relay drained (waits on the "
-        f"database and Redis included) {timing['backlog']:,} messages at "
+        f"database and the broker included) {timing['backlog']:,} messages at "
         f"{timing['per_s']:,.0f}/s under the profiler. Shares are of those samples.\n\n"
     )
     pairs = zip(result["self"], result["total"], strict=False)
@@ -294,126 +316,3 @@ def profile(result: dict[str, Any], sides: Sides) -> str:
         + "\nBy package of the leaf function:\n\n"
         + table(["package", "share"], packages)
     )
-
-
-# --- fixed text -------------------------------------------------------------------------
-
-
-def preamble(report: dict[str, Any]) -> str:
-    peer = "peer" in report["sides"]
-    title = (
-        "outbox-notify and django-celery-outbox 0.4.3, side by side" if peer else "outbox-notify"
-    )
-    return (
-        f"# Benchmarks: {title}\n\n"
-        f"Measured with `make bench` (`{report['command']}`) on {report['started_at']}, "
-        f"{report['mode']} mode, in {report['runtime_s']:.0f} s. Raw figures: "
-        "`bench/results/latest.json`. Re-run on your own machine before relying on a figure: "
-        "every number below depends on the disk's fsync time and the CPU.\n"
-    )
-
-
-def machine(report: dict[str, Any]) -> str:
-    m = report["machine"]
-    pg, redis = m["postgresql"], m["redis"]
-    packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
-    modified = (
-        " (relay code modified in the working tree)" if m["checkout"]["relay_modified"] else ""
-    )
-    rows = [
-        ["CPU", f"{m['nproc']} x {m['cpu']}"],
-        ["memory", m["memory"]],
-        ["OS", m["platform"]],
-        [
-            "PostgreSQL",
-            f"{pg['server_version']}, {pg['server']}; fsync={pg['fsync']}, "
-            f"synchronous_commit={pg['synchronous_commit']}, full_page_writes={pg['full_page_writes']}, "
-            f"wal_sync_method={pg['wal_sync_method']}, shared_buffers={pg['shared_buffers']}",
-        ],
-        ["Redis", f"{redis['version']}, {redis['server']}"],
-        ["Python", m["python"]],
-        ["packages", packages],
-        ["checkout", f"{m['checkout']['commit']}{modified}"],
-        ["load average at the start", " / ".join(f"{x:.2f}" for x in m["load_average"])],
-    ]
-    return "## Machine\n\n" + table(["", ""], rows)
-
-
-NOTES = {
-    "latency": (
-        "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
-        "does not hang on one connection's fsync) and stamps each commit's return; a separate "
-        "consumer process BRPOPs the Redis list and stamps each arrival (both CLOCK_MONOTONIC). "
-        "The rows are copies of a row the library's own `delay()` wrote, each with a fresh task "
-        "id. Where a relay publishes slower than the rate, its backlog and its latency grow "
-        "through the run.\n"
-    ),
-    "drain": (
-        "\nThe relays start on an empty table; the backlog is inserted in one transaction and the "
-        "clock runs from the commit's return until the Redis list holds every message. CPU is "
-        "utime + stime from /proc: of the relay processes, and of the whole PostgreSQL process "
-        "tree (backends that exited included) when the server is private.\n"
-    ),
-    "writers": (
-        "\npgbench clients each commit one outbox row per transaction (the same realistic row as "
-        "above). The relays that run beside the writers publish what they can and compete for the "
-        "same two cores, so part of a 'relay running' ratio is CPU taken by the relay, not the "
-        "trigger; the 'no relay' row isolates the trigger. A relay that publishes more during the "
-        "run (the count in its cells) also puts more CPU and WAL on the same machine; run-to-run "
-        "noise here is large (±20 %), so read the ratios as 'about the same', not as rankings. "
-        "NOTIFYs are counted with "
-        "pg_stat_statements (track=all sees the trigger's pg_notify).\n"
-    ),
-    "idle": (
-        "\nOne relay per library at its defaults, both at once on empty tables, each in its own "
-        "database. Statements from pg_stat_statements, new connections from "
-        "pg_stat_database.sessions, CPU from /proc. django-celery-outbox polls every second and, "
-        "with Django's default CONN_MAX_AGE=0, reconnects for each poll.\n"
-    ),
-    "crash": (
-        "\nTwo relays drain a committed backlog (its size is in the table); early in it both are frozen (SIGSTOP), the "
-        "rows they hold are read, one gets SIGKILL and the other continues. Ours holds rows by "
-        "row locks in an open transaction, which PostgreSQL releases when the connection drops; "
-        "django-celery-outbox marks rows in flight and leaves them until its 300 s stale timeout. "
-        "Both relays' held rows are counted; the survivor's are published within its batch.\n"
-    ),
-    "enqueue": (
-        "\n`task.delay()` inside `transaction.atomic()` on the library's database, in one process, "
-        "no relay running. With one message per transaction the figure is bound by the commit's "
-        "fsync.\n"
-    ),
-    "delay": (
-        "\nOne process per Sentry case (`python -m bench.enqueue measure --sentry CASE`), "
-        "rounds rotating the order, best round shown. A `delay()` is timed alone; the last "
-        "column adds the transaction's BEGIN and COMMIT (one fsync), spread over its calls. "
-        "Where the time goes: Celery's own `send_task` (message, routing, `argsrepr`) is "
-        "common to all paths; a plain publish then makes one Redis round trip, we make one "
-        "PostgreSQL round trip whose server side (parse, plan, the statement trigger, WAL, two "
-        "indexes) costs more than an LPUSH. The profile shows the split. `bulk()` pays the "
-        "round trip once per 5,000 rows and skips most of `send_task` for repeated shapes; "
-        "with Sentry initialised its Celery integration adds trace headers to every call, "
-        "which sends each call through Celery's full path.\n"
-    ),
-    "ceiling": (
-        "\nNo database: how fast Celery messages reach Redis at all from one Python process. "
-        "`KombuPublisher` is the relay's general path; the relay itself uses the publisher "
-        "`outbox_notify.relay.runner` builds (listed when it is another class). Its drain rate "
-        "above can approach that figure but not exceed it. Plain `send_task` is also what "
-        "django-celery-outbox's relay calls per message; with kombu 5.7 and redis-py 8, about a "
-        "fifth of each such call goes to building a new redis client.\n"
-    ),
-}
-
-METHOD = """\
-## Method
-
-- Both relays run at their defaults: ours `manage.py outbox_listen` (batch 100, sweep every
-  2 s), django-celery-outbox `manage.py celery_outbox_relay` (batch 100, idle 1 s, stale
-  timeout 300 s; its StatsD metrics are on by default and go to localhost:9125, where nothing
-  listens). Neither project configures logging, so both print their default structlog lines.
-- The benchmark project (`bench/project/`) installs both apps; a database router keeps each
-  library's tables in its own database, so neither relay ever sees the other's rows. Each
-  library publishes to its own Redis list on a private `redis-server` without persistence.
-- Scenarios alternate the libraries (ours, peer, ours, peer ...), so drift on the machine hits
-  both alike. The machine is small and may be shared: compare within a table, not across runs.
-"""

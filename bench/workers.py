@@ -2,9 +2,10 @@
 
     template  --side S                     one real row from the library's write side (JSON)
     produce   --dsn D --sql F --rate R ... commit one row per transaction at a fixed rate
-    consume   --url U --queue Q --out F    BRPOP the Redis list, stamp each arrival
+    consume   --url U --queue Q --out F    take each message off the broker, stamp its arrival
     enqueue   --side S --per-tx K ...      task.delay() inside atomic(): rows per second
     ceiling   --count N --template F       plain Celery send_task, and our publish path alone
+                                           (to the broker BENCH_BROKER_URL names)
 
 Times are time.monotonic_ns(): CLOCK_MONOTONIC is one clock for every process on the
 machine, so a commit stamped by the producer and an arrival stamped by the consumer compare.
@@ -13,6 +14,7 @@ machine, so a commit stamped by the producer and an arrival stamped by the consu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -30,6 +32,7 @@ import redis
 
 POP_BATCH = 1000  # messages fetched per RPOP once BRPOP found one
 BRPOP_TIMEOUT = 0.2  # seconds: how often the consumer checks whether it should stop
+PREFETCH = 1000  # RabbitMQ: deliveries in flight to the consumer (no acks: taken as sent)
 WARMUP_CALLS = 20  # delay() calls before timing (imports, prepared statements)
 PUBLISH_BATCH = 100  # the relay's default --batch-size
 
@@ -133,25 +136,61 @@ def _task_id(raw: bytes) -> str:
     return str(json.loads(raw)["headers"]["id"])
 
 
-def consume(args: argparse.Namespace) -> None:
-    """Pop the list until SIGTERM; then write {task_id: arrival_ns} and the duplicate count."""
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    client = redis.Redis.from_url(args.url)
-    seen: list[tuple[int, bytes]] = []
+def _pop_redis(url: str, queue: str, stop: threading.Event) -> list[tuple[int, Any]]:
+    """BRPOP the list (then RPOP what else is there) until `stop`; (arrival, body) pairs."""
+    client = redis.Redis.from_url(url)
+    seen: list[tuple[int, Any]] = []
     print("consumer.ready", flush=True)
     while not stop.is_set():
-        popped = client.brpop([args.queue], timeout=BRPOP_TIMEOUT)
+        popped = client.brpop([queue], timeout=BRPOP_TIMEOUT)
         if popped is None:
             continue
         now = time.monotonic_ns()
         seen.append((now, popped[1]))
-        more = client.rpop(args.queue, POP_BATCH) or []
+        more = client.rpop(queue, POP_BATCH) or []
         now = time.monotonic_ns()
         seen.extend((now, raw) for raw in more)
+    return seen
+
+
+def _consume_amqp(url: str, queue: str, stop: threading.Event) -> list[tuple[int, str]]:
+    """basic.consume the queue (no acks) until `stop`; (arrival, task id) pairs."""
+    import socket
+
+    from bench.brokers import amqp_connection
+
+    conn = amqp_connection(url)
+    channel = conn.channel()
+    channel.basic_qos(0, PREFETCH, False)
+    seen: list[tuple[int, str]] = []
+
+    def arrived(message: Any) -> None:
+        headers = message.properties.get("application_headers") or {}
+        seen.append((time.monotonic_ns(), str(headers.get("id"))))
+
+    channel.basic_consume(queue, no_ack=True, callback=arrived)
+    print("consumer.ready", flush=True)
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(socket.timeout, TimeoutError):
+                conn.drain_events(timeout=BRPOP_TIMEOUT)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+    return seen
+
+
+def consume(args: argparse.Namespace) -> None:
+    """Take messages off the queue until SIGTERM; write {task_id: arrival_ns} and duplicates."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    if args.url.startswith(("amqp://", "pyamqp://")):
+        seen = _consume_amqp(args.url, args.queue, stop)
+    else:
+        seen = [(stamp, _task_id(raw)) for stamp, raw in _pop_redis(args.url, args.queue, stop)]
     arrivals: dict[str, int] = {}
-    for stamp, raw in seen:
-        arrivals.setdefault(_task_id(raw), stamp)
+    for stamp, task_id in seen:
+        arrivals.setdefault(task_id, stamp)
     Path(args.out).write_text(
         json.dumps({"arrivals": arrivals, "duplicates": len(seen) - len(arrivals)})
     )
@@ -252,15 +291,22 @@ def _timed(step: Callable[[], Any]) -> tuple[Any, float]:
 
 
 def _publishers() -> dict[str, Any]:
-    """KombuPublisher alone, and the publisher the relay really uses (as runner builds it)."""
+    """KombuPublisher alone, and the publisher the relay really uses (as runner builds it).
+
+    Only the second is certain to exist in every version of the relay: KombuPublisher is
+    measured when it is there and still built from the app and a send timeout.
+    """
     from bench.project.celery_apps import ours_app
     from outbox_notify.relay.config import RelayConfig
-    from outbox_notify.relay.publisher import KombuPublisher
     from outbox_notify.relay.runner import build_relay
 
-    found: dict[str, Any] = {"KombuPublisher": KombuPublisher(ours_app, send_timeout=10.0)}
+    found: dict[str, Any] = {}
+    with contextlib.suppress(ImportError, TypeError):
+        from outbox_notify.relay.publisher import KombuPublisher
+
+        found["KombuPublisher"] = KombuPublisher(ours_app, send_timeout=10.0)
     relay_publisher = build_relay(RelayConfig(), listen=False, wake_fd=None).publisher
-    if not isinstance(relay_publisher, KombuPublisher):
+    if type(relay_publisher).__name__ not in found:
         found[type(relay_publisher).__name__] = relay_publisher
     return found
 
@@ -284,21 +330,36 @@ def _our_publish_path(row: dict[str, Any], count: int, publisher: Any) -> dict[s
     }
 
 
+SETTLE_TIMEOUT = 30.0  # seconds for messages sent without confirms to reach the queue
+
+
+def _wait_for_depth(reader: Any, queue: str, count: int) -> None:
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while reader.depth(queue) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def ceiling(args: argparse.Namespace) -> None:
-    """How fast this machine gets Celery messages into Redis, without any database."""
+    """How fast this machine gets Celery messages into the broker, without any database."""
     _django()
     from django.conf import settings
 
-    client = redis.Redis.from_url(settings.BROKER_URL)
-    client.delete(settings.OURS_QUEUE)
+    from bench.brokers import depth_reader
+
+    reader = depth_reader(settings.BROKER_URL)
+    reader.purge(settings.OURS_QUEUE)
     plain = _plain_send_task(args.count)
-    client.delete(settings.OURS_QUEUE)
+    # Without confirms the last messages may still be on their way: let them land before the
+    # purge, or they would be counted as our path's.
+    _wait_for_depth(reader, settings.OURS_QUEUE, args.count + 1)
+    reader.purge(settings.OURS_QUEUE)
     row = json.loads(Path(args.template).read_text())
     paths = {}
     for name, publisher in _publishers().items():
         paths[name] = _our_publish_path(row, args.count, publisher)
-        paths[name]["in_redis"] = client.llen(settings.OURS_QUEUE)
-        client.delete(settings.OURS_QUEUE)
+        paths[name]["in_broker"] = reader.depth(settings.OURS_QUEUE)
+        reader.purge(settings.OURS_QUEUE)
+    reader.close()
     print(json.dumps({"plain_send_task": plain, "ours": paths}))
 
 

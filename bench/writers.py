@@ -3,6 +3,8 @@
 pgbench clients commit one outbox row per transaction (a copy of a real row, fresh task id):
 our table with its trigger and our relay running, the same table without the trigger (no
 relay: nothing would wake it), and, for reference, the peer's table with its relay running.
+The configurations with a relay running run once per broker (the relay, and the broker it
+publishes to, compete with the writers for the same cores); the others involve no broker.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import db
+from bench.brokers import LABELS, REDIS
 from bench.procs import BenchError
 from bench.services import stat_statements_ready
 from bench.sides import MAIN, Side, World, pgbench_script
@@ -40,9 +43,10 @@ class Config:
     side: str
     trigger: bool
     relay: bool
+    broker: str | None = None  # the broker its relay publishes to (None: no relay)
 
 
-CONFIGS = (
+BASE_CONFIGS = (
     Config(
         key="ours-no-trigger",
         label="outbox-notify table, trigger dropped, no relay",
@@ -57,37 +61,49 @@ CONFIGS = (
         trigger=True,
         relay=False,
     ),
-    Config(
-        key="ours",
-        label="outbox-notify table + trigger, relay running",
-        side="ours",
-        trigger=True,
-        relay=True,
-    ),
-    Config(
-        key="peer",
-        label="django-celery-outbox table, relay running",
-        side="peer",
-        trigger=False,
-        relay=True,
-    ),
 )
+RELAY_LABELS = {
+    "ours": "outbox-notify table + trigger, relay running",
+    "peer": "django-celery-outbox table, relay running",
+}
+
+
+def configs(brokers: list[str]) -> list[Config]:
+    """The configurations without a relay, then those with one, for each broker in turn.
+
+    Redis keeps the plain keys `ours` and `peer` (as in reports made before RabbitMQ ran).
+    """
+    found = list(BASE_CONFIGS)
+    for broker in brokers:
+        for side, label in RELAY_LABELS.items():
+            key = side if broker == REDIS else f"{side}-{broker}"
+            found.append(
+                Config(
+                    key=key, label=f"{label} ({LABELS[broker]})", side=side,
+                    trigger=side == "ours", relay=True, broker=broker,
+                )
+            )  # fmt: skip
+    return found
 
 
 def run(world: World) -> dict[str, Any]:
     """Each configuration in turn (its relay started once), at each writer count."""
     seconds = QUICK_SECONDS if world.quick else SECONDS
     sides = {s.key: s for s in world.sides}
+    brokers = {b.key: b for b in world.brokers}
     counting = stat_statements_ready(world.pg)
     rows = []
-    for config in (c for c in CONFIGS if c.side in sides):
+    # Quick mode keeps the relay-running rows of the first broker only (a smoke run).
+    chosen = list(brokers)[:1] if world.quick else list(brokers)
+    for config in (c for c in configs(chosen) if c.side in sides):
         side = sides[config.side]
         script = _script(world, side)
-        with _conditions(world, config, side):
+        here = world.on(brokers[config.broker]) if config.broker else world
+        with _conditions(here, config, side):
             for writers in WRITERS:
                 rows.append(
                     measure(
-                        world, config, side, script=script, writers=writers, seconds=seconds,
+                        here, config, side, script=script, writers=writers, seconds=seconds,
                         counting=counting,
                     )
                 )  # fmt: skip
@@ -96,7 +112,7 @@ def run(world: World) -> dict[str, Any]:
         row["ratio_to_no_trigger"] = (
             row["tps"] / base[row["writers"]] if base.get(row["writers"]) else None
         )
-    return {"seconds": seconds, "writers": list(WRITERS), "rows": rows}
+    return {"seconds": seconds, "writers": list(WRITERS), "brokers": chosen, "rows": rows}
 
 
 def _script(world: World, side: Side) -> Path:
@@ -127,12 +143,13 @@ def measure(
     dbname = MAIN.database(side)
     before = db.notify_calls(world, dbname) if counting else None
     tps, transactions = pgbench(world, side, script, writers, seconds)
-    published = int(world.broker.client().llen(MAIN.queue(side)))
+    published = world.broker.depth(world.queue(side)) if config.relay else 0
     after = db.notify_calls(world, dbname) if counting else None
     notified = None if before is None or after is None else (after - before) / transactions
     return {
         "config": config.key,
         "label": config.label,
+        "broker": config.broker,
         "writers": writers,
         "tps": tps,
         "transactions": transactions,

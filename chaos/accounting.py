@@ -7,10 +7,11 @@ message ever executed, poison rows where they belong, and nothing else left in t
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
@@ -89,17 +90,19 @@ class DrainCheck:
     """What a scenario waits for before counting: everything executed, nothing pending."""
 
     conn_factory: Any
-    broker: Any
+    broker: Any  # chaos.sites.Site
+    queues: list[str]
     tally: Tally
     scenario: str
     rows: list[poison.Poison]
     reached_broker: Callable[[], Counter[str]]
 
     def wait(self, timeout: float) -> Drain:
-        """Poll until all committed ran, the outbox holds only kept rows and Redis is empty.
+        """Poll until all committed ran, the outbox holds only kept rows and the broker is empty.
 
-        Messages Redis received that no worker ever ran (lost between broker and worker) are
-        not waited for past SETTLE seconds of an otherwise quiet system.
+        Messages the broker stored that no worker ever ran (lost between broker and worker)
+        are not waited for past SETTLE seconds of an otherwise quiet system. The broker's
+        cheap emptiness check (pending) is confirmed by its authoritative one (settled).
         """
         began = time.monotonic()
         state = Drain(drained=False, seconds=0.0, missing=-1, leftover=-1, broker_pending=-1)
@@ -109,8 +112,9 @@ class DrainCheck:
             if missing is None or state.leftover or state.broker_pending:
                 quiet_since = None
             elif not missing:
-                state.drained = True
-                break
+                if self._settled(state):
+                    state.drained = True
+                    break
             elif all(self.reached_broker()[tid] for tid in missing):
                 quiet_since = quiet_since or time.monotonic()
                 if time.monotonic() - quiet_since > SETTLE:
@@ -119,6 +123,13 @@ class DrainCheck:
             time.sleep(POLL)
         state.seconds = time.monotonic() - began
         return state
+
+    def _settled(self, state: Drain) -> bool:
+        try:
+            return bool(self.broker.settled(self.queues))
+        except Exception:  # the broker still coming back: not settled yet
+            state.broker_pending = -1
+            return False
 
     def poll(self, state: Drain) -> set[str] | None:
         """Refresh `state`; return the committed ids not executed yet (None: not quiet)."""
@@ -129,8 +140,7 @@ class DrainCheck:
                 missing -= dead_lettered(conn, missing)  # given up on: nothing to wait for
                 state.leftover = outbox_leftover(conn, kept)
                 settled = poison.settled(conn, self.rows)
-            client = self.broker.client()
-            state.broker_pending = int(client.llen("chaos")) + int(client.hlen("unacked"))
+            state.broker_pending = int(self.broker.pending(self.queues))
         except Exception:  # a server still coming back is polled again
             return None
         state.missing = len(missing)
@@ -189,12 +199,20 @@ def count(
     published: Counter[str],
     taken: set[str],
     dead: set[str],
+    redelivered: set[str],
 ) -> dict[str, Any]:
     """Committed, executed, lost (and where), duplicates (and why), rolled back but run.
 
-    `journal`: ids the relays reported published; `published`: LPUSHes Redis received per id
-    (MONITOR); `taken`: ids a worker moved into Redis's unacknowledged set; `dead`: ids in
-    the dead-letter table.
+    `journal`: ids the relays reported published; `published`: copies the broker stored per
+    id (Redis: LPUSHes per MONITOR; RabbitMQ: first deliveries per its firehose); `taken`: ids
+    a worker took (Redis: into its unacknowledged set; RabbitMQ: delivered); `dead`: ids in
+    the dead-letter table; `redelivered`: ids the broker handed out again (Redis: kombu put
+    them back after the visibility timeout; RabbitMQ: delivered with a redelivered count).
+
+    A duplicate (a task id executed more than once) is traced to its source: published twice
+    (the relays sent it twice: a crash, a claim session lost, or a publish whose reply was
+    lost; docs/reliability.md sources 1-3), or redelivered (sent once, delivered again by the
+    broker after a worker lost its connection: source 4). One that is neither is untraced.
     """
     committed = set(tally.committed)
     never = tally.rolled_back | tally.aborted
@@ -204,6 +222,8 @@ def count(
     dead_committed = missing & dead
     lost = sorted(missing - reached_broker - dead_committed)
     dup_ids = [tid for tid in executed if done[tid].deliveries > 1]
+    republished = {tid for tid in dup_ids if published[tid] > 1}
+    again = {tid for tid in dup_ids if done[tid].redeliveries > 0 or tid in redelivered}
     return {
         "committed": len(committed),
         "executed": len(executed),
@@ -223,7 +243,9 @@ def count(
         "extra_executions": sum(done[tid].deliveries - 1 for tid in executed),
         "duplicate_rate": round(len(dup_ids) / len(committed), 5) if committed else 0.0,
         "duplicates_republished": sum(1 for tid in committed if published[tid] > 1),
-        "duplicates_redelivered": sum(1 for tid in executed if done[tid].redeliveries > 0),
+        "duplicates_redelivered": len(again - republished),
+        "duplicates_untraced": len(set(dup_ids) - republished - again),
+        "duplicates_untraced_sample": sorted(set(dup_ids) - republished - again)[:10],
         "rolled_back": len(tally.rolled_back),
         "aborted_by_errors": len(tally.aborted),
         "rolled_back_executed": len(never & set(done)),
@@ -237,7 +259,7 @@ def _duplicate(task_id: str, execution: Execution, published: Counter[str]) -> d
         "task_id": task_id,
         "executions": execution.deliveries,
         "redelivered": execution.redeliveries,
-        "lpushes": published[task_id],
+        "stored_copies": published[task_id],  # Redis: LPUSHes; RabbitMQ: first deliveries
     }
 
 
@@ -254,3 +276,26 @@ def timeline(
         (round(index * bucket, 1), len(values), _round(max(values)))
         for index, values in sorted(buckets.items())
     ]
+
+
+def not_stored(tally: Tally, received: Counter[str], stored: Counter[str]) -> int:
+    """Publishes of committed messages the broker received but did not store: refused (a
+    RabbitMQ queue at its length limit nacks them) or cut off (the node stopped before
+    storing); 0 on Redis, where received and stored are the same count."""
+    return sum(max(0, received[tid] - stored[tid]) for tid in tally.committed)
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # colours structlog's console renderer may add
+FAILED_EVENT = re.compile(r"outbox\.publish_failed\b.*?\btask_id=['\"]?([^\s'\"]+)")
+
+
+def retries_spent(logs: Iterable[str], committed: set[str]) -> set[str]:
+    """Committed task ids for which a relay logged outbox.publish_failed (a retry spent).
+
+    The writers' task never fails to publish on its own, so each one is a broker fault the
+    relay blamed on a message: the contract says an outage spends no retries.
+    """
+    found: set[str] = set()
+    for text in logs:
+        found.update(FAILED_EVENT.findall(ANSI.sub("", text)))
+    return found & committed

@@ -1,4 +1,9 @@
-"""The chaos project's Celery app: one task that records each execution in the ledger."""
+"""The chaos project's Celery app: one task that records each execution in the ledger.
+
+The same app serves both brokers (CHAOS_BROKER_URL: the private Redis or the private RabbitMQ
+node). On RabbitMQ the scenario `rabbit_queue_limit` sends its tasks to CAPPED_QUEUE, declared
+with a length limit and `x-overflow: reject-publish`; every process declares it alike.
+"""
 
 from __future__ import annotations
 
@@ -14,30 +19,62 @@ if not apps.ready and not apps.loading:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chaos.settings")
     django.setup()
 
+from kombu import Exchange, Queue
+
+from chaos.queues import CAPPED_LENGTH, CAPPED_QUEUE, DEFAULT_QUEUE
 from outbox_notify import OutboxCelery  # after setup: it needs the app registry
 
 # Unacknowledged messages (a worker that lost its broker connection) come back after this
 # long; short, so a run drains in seconds instead of Redis's default hour.
 VISIBILITY_TIMEOUT = 10  # seconds
+BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "redis://127.0.0.1:1/0")
+
+
+def _capped_queue() -> Queue:
+    # Shaped as Celery shapes a queue it was not told about (a direct exchange of the same
+    # name), plus the limit.
+    arguments = {"x-max-length": CAPPED_LENGTH, "x-overflow": "reject-publish"}
+    return Queue(
+        CAPPED_QUEUE,
+        Exchange(CAPPED_QUEUE, type="direct"),
+        routing_key=CAPPED_QUEUE,
+        queue_arguments=arguments,
+    )
+
+
+def _redis_options() -> dict[str, object]:
+    if not BROKER_URL.startswith("redis"):
+        return {}
+    return {
+        "visibility_timeout": VISIBILITY_TIMEOUT,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+
 
 app = OutboxCelery("chaos")
 app.conf.update(
-    broker_url=os.environ.get("CHAOS_BROKER_URL", "redis://127.0.0.1:1/0"),
-    task_default_queue=os.environ.get("CHAOS_QUEUE", "chaos"),
+    broker_url=BROKER_URL,
+    task_default_queue=os.environ.get("CHAOS_QUEUE", DEFAULT_QUEUE),
     # Acknowledge after the ledger row is written: a task whose insert failed is redelivered.
     task_acks_late=True,
     task_ignore_result=True,
     worker_prefetch_multiplier=16,
+    # Celery lowers the prefetch count after a reconnection and raises it again from the
+    # pool's threads as tasks finish: a basic.qos sent from another thread than the one
+    # reading the py-amqp connection, which desynchronised its frames here (a message decoded
+    # from qos-ok frames and dropped: "Can't decode message body"). Off: a worker bug that is
+    # not the outbox's to count.
+    worker_enable_prefetch_count_reduction=False,
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
-    broker_transport_options={
-        "visibility_timeout": VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-    },
+    broker_transport_options=_redis_options(),
     worker_hijack_root_logger=False,
     enable_utc=True,
 )
+# Added beside the queues Celery builds itself (not through task_queues, which would change
+# how the default queue is routed): writers route to it by name, the worker consumes it.
+app.amqp.queues.add(_capped_queue())
 
 
 @app.task(name="chaos.record", bind=True)

@@ -18,6 +18,7 @@ import psycopg
 
 from chaos import poison
 from chaos.processes import STALE_TIMEOUT, Process, RelayGroup, owner_of_local_port
+from chaos.rabbit import ChaosRabbit
 from chaos.services import PrivatePostgres, PrivateRedis
 
 LISTEN_APP = "outbox_notify.listen"
@@ -34,7 +35,9 @@ class Lab:
     """What faults act on, and where they note what they did."""
 
     pg: PrivatePostgres
-    broker: PrivateRedis
+    redis: PrivateRedis | None  # the scenario's broker: one of these two
+    rabbit: ChaosRabbit | None
+    worker: Process | None  # the Celery worker consuming the scenario's broker
     relays: RelayGroup
     queue: str
     scenario: str
@@ -49,6 +52,20 @@ class Lab:
     def event(self, text: str) -> None:
         with self.lock:
             self.events.append((time.time(), text))
+
+    @property
+    def broker(self) -> PrivateRedis:
+        """The private redis-server (for the Redis faults)."""
+        if self.redis is None:
+            raise RuntimeError(f"{self.scenario} runs on RabbitMQ, not Redis")
+        return self.redis
+
+    @property
+    def node(self) -> Any:
+        """The private RabbitMQ node (for the RabbitMQ faults)."""
+        if self.rabbit is None:
+            raise RuntimeError(f"{self.scenario} runs on Redis, not RabbitMQ")
+        return self.rabbit.node
 
 
 Window = tuple[float, float]

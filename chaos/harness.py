@@ -12,13 +12,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos import accounting, brokerwatch, faults, poison
+from chaos import accounting, faults, poison
 from chaos.ledger import journal
 from chaos.load import LoadGenerator, Tally
-from chaos.processes import ROOT, Process, RelayGroup, worker
+from chaos.processes import RelayGroup
+from chaos.queues import CAPPED_QUEUE, DEFAULT_QUEUE
 from chaos.sampler import OutboxSampler
 from chaos.scenarios import Scenario
-from chaos.services import PrivatePostgres, PrivateRedis
+from chaos.services import PrivatePostgres, Servers
+from chaos.sites import RABBITMQ, RabbitSite, RedisSite
+from chaos.stations import Station, environment
 
 RELAYS = 2
 READY_TIMEOUT = 60.0  # seconds for a relay or the worker to come up
@@ -28,7 +31,8 @@ HEAL_INTERVAL = 0.5  # seconds between checks for relays that exited on their ow
 # Scenarios whose faults open a documented duplicate window (docs/reliability.md).
 DUPLICATE_WINDOWS = {
     "kill", "terminate_listen", "terminate_claim", "pg_restart", "broker_stop", "broker_freeze",
-    "broker_oom", "freeze", "mixed",
+    "broker_oom", "freeze", "mixed", "rabbit_stop", "rabbit_connections", "rabbit_memory_alarm",
+    "rabbit_freeze",
 }  # fmt: skip
 LOG_EVENTS = (
     "outbox.database_unavailable",
@@ -50,7 +54,7 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 
 
 class Supervisor(threading.Thread):
-    """Restarts relays and the worker when they exit on their own (each exit is recorded)."""
+    """Restarts relays and workers when they exit on their own (each exit is recorded)."""
 
     def __init__(self, relays: RelayGroup, heal_worker: Callable[[], None]) -> None:
         super().__init__(name="supervisor", daemon=True)
@@ -68,47 +72,46 @@ class Supervisor(threading.Thread):
         self.join(timeout=10)
 
 
+def _station(kind: str, pg: PrivatePostgres, servers: Servers, log_dir: Path) -> Station:
+    """The worker, watch and environment of one broker of the run."""
+    pair: tuple[Any, Any]
+    if kind == RABBITMQ:
+        site: Any = RabbitSite(servers.rabbit)
+        queues, pair = [DEFAULT_QUEUE, CAPPED_QUEUE], (None, servers.rabbit)
+    else:
+        site = RedisSite(servers.redis, DEFAULT_QUEUE)
+        queues, pair = [DEFAULT_QUEUE], (servers.redis, None)
+    env = environment(pg.url, site.url(), DEFAULT_QUEUE)
+    return Station(site, env, log_dir, queues, servers=pair)
+
+
 class Harness:
-    """The run's servers, worker and environment; runs scenarios one after another."""
+    """The run's servers, workers and environment; runs scenarios one after another."""
 
     def __init__(
         self,
         pg: PrivatePostgres,
-        broker: PrivateRedis,
+        servers: Servers,
         log_dir: Path,
         *,
         timing: Any,
         quick: bool,
-        queue: str,
+        brokers: set[str],
     ) -> None:
         self.pg = pg
-        self.broker = broker
         self.log_dir = log_dir
         self.timing = timing
         self.quick = quick
-        self.queue = queue
-        self.env = self._environment()
-        self.worker: Process | None = None
-        self.worker_exits: list[dict[str, Any]] = []
-        self.watch = brokerwatch.BrokerWatch(broker.port, broker.password, queue)
-        self.sampler = OutboxSampler(self.pg.admin, self._broker_depth)
-
-    def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            DJANGO_SETTINGS_MODULE="chaos.settings",
-            CHAOS_DATABASE_URL=self.pg.url,
-            CHAOS_BROKER_URL=self.broker.url(),
-            CHAOS_QUEUE=self.queue,
-            PYTHONUNBUFFERED="1",
-            PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
-        )
-        return env
+        self.stations = {
+            kind: _station(kind, pg, servers, log_dir) for kind in sorted(brokers, reverse=True)
+        }
+        self.sampler = OutboxSampler(self.pg.admin, lambda: 0)
 
     def prepare(self) -> None:
-        """Configure Django in this process, migrate, and start the worker."""
+        """Configure Django in this process, migrate, and start each broker's worker."""
+        env = next(iter(self.stations.values())).env
         for key in ("DJANGO_SETTINGS_MODULE", "CHAOS_DATABASE_URL", "CHAOS_BROKER_URL"):
-            os.environ[key] = self.env[key]
+            os.environ[key] = env[key]
         import django
         from django.core.management import call_command
 
@@ -116,43 +119,17 @@ class Harness:
         call_command("migrate", verbosity=0)
         # One write outside any scenario, so Celery and Django finish their lazy set-up here
         # and not in the first scenario's warm-up.
-        LoadGenerator("warmup", self.queue, rate=1.0, seed=0, writers=1).write_one(rollback=True)
-        self.watch.start()
-        brokerwatch.wait_started(self.watch)
-        self.worker = worker(self.env, self.log_dir / "worker.log", self.queue)
-        self.worker.start()
-        worker_process = self.worker
-        _wait(
-            lambda: " ready." in self.worker_log() or not worker_process.running(),
-            READY_TIMEOUT,
-            "the Celery worker",
-        )
-        if not worker_process.running():
-            raise RuntimeError(f"the Celery worker exited:\n{worker_process.log_tail()}")
+        LoadGenerator("warmup", DEFAULT_QUEUE, rate=1.0, seed=0, writers=1).write_one(rollback=True)
+        for station in self.stations.values():
+            station.start()
 
-    def heal_worker(self) -> None:
-        """Start the worker again if it exited (a Celery/kombu failure, not the relay's)."""
-        worker_process = self.worker
-        if worker_process is None or worker_process.running():
-            return
-        text = worker_process.log_path.read_text(errors="replace")
-        error = [line for line in text.splitlines() if "Unrecoverable error" in line]
-        self.worker_exits.append(
-            {"at": time.time(), "returncode": worker_process.returncode(), "error": error[-1:]}
-        )
-        worker_process.start()
-
-    def _broker_depth(self) -> int:
-        return int(self.broker.client().llen(self.queue))
-
-    def worker_log(self) -> str:
-        path = self.log_dir / "worker.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+    def heal_workers(self) -> None:
+        for station in self.stations.values():
+            station.heal()
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-        self.watch.stop()
+        for station in self.stations.values():
+            station.close()
 
     # -- one scenario ----------------------------------------------------------------------
 
@@ -161,31 +138,33 @@ class Harness:
         began = time.monotonic()
         scenario_dir = self.log_dir / scenario.name
         scenario_dir.mkdir(parents=True, exist_ok=True)
+        station = self.stations[scenario.broker]
         relays = RelayGroup(
-            RELAYS, {**self.env, "CHAOS_JOURNAL_DIR": str(scenario_dir)}, scenario_dir
+            RELAYS, {**station.env, "CHAOS_JOURNAL_DIR": str(scenario_dir)}, scenario_dir
         )
         relays.start()
-        supervisor = Supervisor(relays, self.heal_worker)
-        worker_exits_before = len(self.worker_exits)
+        supervisor = Supervisor(relays, self.heal_workers)
+        worker_exits_before = len(station.exits)
         try:
             self._wait_relays_ready(relays)
             supervisor.start()
             lab = faults.Lab(
-                pg=self.pg, broker=self.broker, relays=relays, queue=self.queue,
-                scenario=scenario.name, rng=rng, quick=self.quick,
+                pg=self.pg, redis=station.redis, rabbit=station.rabbit, worker=station.worker,
+                relays=relays, queue=scenario.queue, scenario=scenario.name, rng=rng,
+                quick=self.quick,
             )  # fmt: skip
             load = LoadGenerator(
-                scenario.name, self.queue, rate=self.timing.rate, seed=rng.randrange(1 << 30)
+                scenario.name, scenario.queue, rate=self.timing.rate, seed=rng.randrange(1 << 30)
             )
-            load_window, window = self._load_and_fault(scenario, lab, load)
-            result = self._settle(scenario, lab, load, load_window, window)
+            load_window, window = self._load_and_fault(scenario, station, lab, load)
+            result = self._settle(scenario, station, lab, load, (load_window, window))
             supervisor.stop()
             result["relay_exit_codes"] = relays.stop()
         finally:
             supervisor.stop()
             relays.stop()
-        result["worker_exits"] = self.worker_exits[worker_exits_before:]
-        self._judge(scenario, lab, relays, result)
+        result["worker_exits"] = station.exits[worker_exits_before:]
+        self._judge(scenario, relays, result, set(load.tally.committed))
         result["seconds"] = round(time.monotonic() - began, 1)
         return result
 
@@ -198,12 +177,12 @@ class Harness:
             )
 
     def _load_and_fault(
-        self, scenario: Scenario, lab: faults.Lab, load: LoadGenerator
+        self, scenario: Scenario, station: Station, lab: faults.Lab, load: LoadGenerator
     ) -> tuple[tuple[float, float], tuple[float, float]]:
         seconds = scenario.quick_seconds if self.quick else scenario.seconds
         load_start = time.time()
         load.start()
-        self.sampler = OutboxSampler(self.pg.admin, self._broker_depth)
+        self.sampler = OutboxSampler(self.pg.admin, lambda: station.site.depth(scenario.queue))
         self.sampler.start()
         try:
             time.sleep(self.timing.warmup)
@@ -218,33 +197,47 @@ class Harness:
     def _settle(
         self,
         scenario: Scenario,
+        station: Station,
         lab: faults.Lab,
         load: LoadGenerator,
-        load_window: tuple[float, float],
-        window: tuple[float, float],
+        windows: tuple[tuple[float, float], tuple[float, float]],
     ) -> dict[str, Any]:
+        load_window, window = windows
         ambiguous = self._retry(lambda: self._resolve(load.tally))
         drain = accounting.DrainCheck(
-            conn_factory=self.pg.admin, broker=self.broker, tally=load.tally,
-            scenario=scenario.name, rows=lab.poison,
-            reached_broker=lambda: self.watch.snapshot()[0],
+            conn_factory=self.pg.admin, broker=station.site, queues=[scenario.queue],
+            tally=load.tally, scenario=scenario.name, rows=lab.poison,
+            reached_broker=lambda: station.site.snapshot()[0],
         ).wait(self.timing.drain_timeout)  # fmt: skip
         probes = self._probe_relays(lab, load)
         with self.pg.admin() as conn:
             done = accounting.executions(conn, scenario.name)
             dead = accounting.dead_lettered(conn, set(load.tally.committed))
-            verdicts = poison.verdicts(conn, lab.poison, lab.poison_stored, self.worker_log())
+            verdicts = poison.verdicts(conn, lab.poison, lab.poison_stored, station.worker_log())
             leftover = accounting.outbox_leftover(
                 conn, [p.task_id for p in lab.poison if p.expect == "kept"]
             )
             poison.cleanup(conn, lab.poison)
-        result: dict[str, Any] = {"scenario": scenario.name, "what": scenario.what}
-        published, taken = self.watch.snapshot()
+        result: dict[str, Any] = {
+            "scenario": scenario.name,
+            "what": scenario.what,
+            "broker": scenario.broker,
+        }
+        published, taken = station.site.snapshot()
         journal_ids = journal.read(self.log_dir / scenario.name)
         result.update(
             accounting.count(
-                load.tally, done, journal=journal_ids, published=published, taken=taken, dead=dead
+                load.tally,
+                done,
+                journal=journal_ids,
+                published=published,
+                taken=taken,
+                dead=dead,
+                redelivered=station.site.redelivered(),
             )
+        )
+        result["broker_not_stored"] = accounting.not_stored(
+            load.tally, station.site.received(), published
         )
         result.update(accounting.latency_figures(load.tally, done, window))
         result.update(accounting.commit_rates(load.tally, load_window, window))
@@ -307,9 +300,12 @@ class Harness:
     # -- verdicts --------------------------------------------------------------------------
 
     def _judge(
-        self, scenario: Scenario, lab: faults.Lab, relays: RelayGroup, result: dict[str, Any]
+        self, scenario: Scenario, relays: RelayGroup, result: dict[str, Any], committed: set[str]
     ) -> None:
         logs = {relay.name: relay.log_path.read_text(errors="replace") for relay in relays.relays}
+        spent = accounting.retries_spent(logs.values(), committed)
+        result["retries_spent"] = len(spent)
+        result["retries_spent_sample"] = sorted(spent)[:10]
         result["relay_log_events"] = dict(
             Counter(
                 event
@@ -330,8 +326,11 @@ class Harness:
         result["violations"] = _violations(scenario, result, self._leaks(logs))
 
     def _leaks(self, logs: dict[str, str]) -> list[str]:
-        secrets = {"PostgreSQL password": self.pg.password, "Redis password": self.broker.password}
-        texts = {**logs, "worker": self.worker_log()}
+        secrets = {"PostgreSQL password": self.pg.password}
+        texts = dict(logs)
+        for kind, station in self.stations.items():
+            secrets.update(station.site.secrets())
+            texts[f"{kind} worker"] = station.worker_log()
         return [
             f"{what} appears in the {name} log"
             for name, text in texts.items()
@@ -344,6 +343,8 @@ def _violations(scenario: Scenario, result: dict[str, Any], leaks: list[str]) ->
     checks = [
         (result["lost"] > 0, f"{result['lost']} committed message(s) never reached the broker"),
         (result["dead_lettered"] > 0, f"{result['dead_lettered']} committed message(s) dead-lettered (never published)"),
+        (result["retries_spent"] > 0, f"{result['retries_spent']} committed message(s) spent a retry (outbox.publish_failed): a broker fault was blamed on a message"),
+        (result["duplicates_untraced"] > 0, f"{result['duplicates_untraced']} duplicate(s) neither published twice nor redelivered"),
         (result["rolled_back_published"] > 0, f"{result['rolled_back_published']} rolled-back message(s) published"),
         (result["rolled_back_executed"] > 0, f"{result['rolled_back_executed']} rolled-back message(s) executed"),
         (result["unknown_executed"] > 0, f"{result['unknown_executed']} execution(s) of unknown task ids"),

@@ -8,10 +8,12 @@ from typing import Any
 
 COLUMNS = (
     ("scenario", "scenario"),
+    ("broker", "broker"),
     ("committed", "committed"),
     ("executed", "executed"),
     ("lost", "lost"),
     ("dead-lettered", "dead_lettered"),
+    ("retries spent", "retries_spent"),
     ("lost after broker", "lost_after_broker"),
     ("dups", "duplicates"),
     ("dup rate", "duplicate_rate"),
@@ -26,6 +28,8 @@ COLUMNS = (
 
 def _cell(result: dict[str, Any], key: str) -> str:
     value = result.get(key)
+    if key == "broker":
+        return {"redis": "Redis", "rabbitmq": "RabbitMQ"}.get(str(value or "redis"), str(value))
     if key == "rolled_back":
         return f"{result['rolled_back']} ({result['rolled_back_executed']})"
     if key == "duplicate_rate":
@@ -53,16 +57,21 @@ def details(results: list[dict[str, Any]]) -> str:
     for result in results:
         lines.append(f"- {result['scenario']}: {result['what']}")
         lines.append(
-            f"  lost after Redis had it={result['lost_after_broker']} (of them taken into a "
-            f"worker's unacked set={result['lost_after_broker_taken_by_worker']}); "
+            f"  lost after the broker had it={result['lost_after_broker']} (of them taken by a "
+            f"worker={result['lost_after_broker_taken_by_worker']}); "
             f"duplicates republished={result['duplicates_republished']} "
-            f"redelivered={result['duplicates_redelivered']}; aborted by errors="
+            f"redelivered={result['duplicates_redelivered']} "
+            f"untraced={result.get('duplicates_untraced', 0)}; publishes received but not stored="
+            f"{result.get('broker_not_stored', 0)}; broker queue max={result.get('broker_queue_max')}"
+            f"; aborted by errors="
             f"{result['aborted_by_errors']}; ambiguous commits (committed/not)="
             f"{result['ambiguous_committed']}/{result['ambiguous_not']}; commits/s before/"
             f"during={result['commits_per_s_before']}/{result['commits_per_s_during']}; "
             f"drained in {result['drain_seconds']} s"
         )
         lines.append(f"  relay log: {result['relay_log_events']}")
+        for exit_ in result.get("worker_exits", []):
+            lines.append(f"  worker restarted (code {exit_['returncode']}): {exit_['error']}")
         for verdict in result.get("poison", []):
             mark = "ok" if verdict["ok"] else "WRONG"
             lines.append(f"  poison {verdict['kind']}: {verdict['observed']} [{mark}]")

@@ -1,8 +1,9 @@
 """`python -m chaos.run [--quick] [--json PATH]`: fault injection under load, every message counted.
 
-Starts a private PostgreSQL and a private redis-server, migrates the chaos project, starts a
-Celery worker, then for each scenario: two relays, 16 writer threads, the fault, a drain, the
-accounting. Exits 1 when any scenario broke a rule (see docs/reliability.md).
+Starts a private PostgreSQL, a private redis-server and (when a RabbitMQ scenario is chosen)
+a private RabbitMQ node, migrates the chaos project, starts a Celery worker per broker, then
+for each scenario: two relays on the scenario's broker, 16 writer threads, the fault, a
+drain, the accounting. Exits 1 when any scenario broke a rule (see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
-
-QUEUE = "chaos"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,7 +37,7 @@ QUICK = Timing(warmup=1.0, cooldown=1.5, drain_timeout=60.0, rate=5.0)
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a short subset (about 90 s)")
+    parser.add_argument("--quick", action="store_true", help="a short subset (about 2 min)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--only", nargs="+", metavar="SCENARIO", help="run only these")
     parser.add_argument("--log-dir", type=Path, help="where relay/worker logs are kept")
@@ -68,13 +67,15 @@ def main(argv: list[str] | None = None) -> int:
 def _run_all(chosen: list[Any], args: argparse.Namespace, log_dir: Path) -> list[dict[str, Any]]:
     from chaos.harness import Harness
     from chaos.services import private_servers
+    from chaos.sites import RABBITMQ
 
     timing = QUICK if args.quick else FULL
     results: list[dict[str, Any]] = []
-    with private_servers(log_dir) as (pg, broker):
-        harness = Harness(pg, broker, log_dir, timing=timing, quick=args.quick, queue=QUEUE)
-        harness.prepare()
+    brokers = {scenario.broker for scenario in chosen}
+    with private_servers(log_dir, rabbitmq=RABBITMQ in brokers) as (pg, servers):
+        harness = Harness(pg, servers, log_dir, timing=timing, quick=args.quick, brokers=brokers)
         try:
+            harness.prepare()
             for number, scenario in enumerate(chosen):
                 rng = random.Random(args.seed * 7919 + number)
                 result = harness.run(scenario, rng)

@@ -1,10 +1,12 @@
-"""The scenario list: each fault on its own, then all of them mixed."""
+"""The scenario list: each fault on its own, then all of them mixed; then the RabbitMQ ones."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from chaos import faults
+from chaos import faults, rabbit_faults
+from chaos.queues import CAPPED_QUEUE, DEFAULT_QUEUE
+from chaos.sites import RABBITMQ, REDIS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -16,6 +18,8 @@ class Scenario:
     fault: faults.Fault
     seconds: float
     quick_seconds: float | None  # None: not part of --quick
+    broker: str = REDIS  # the broker the relays publish to and the worker consumes
+    queue: str = DEFAULT_QUEUE  # the queue the writers' tasks are routed to
 
 
 SCENARIOS = (
@@ -49,6 +53,26 @@ SCENARIOS = (
              what="kills and terminations in the background; poison, PostgreSQL restart, "
              "freeze and a 10 s broker stop in turn; a LISTEN session idle in a transaction",
              fault=faults.mixed, seconds=0.0, quick_seconds=None),
+    Scenario(name="rabbit_stop",
+             what="RabbitMQ stopped (rabbitmqctl stop), then started again with its data",
+             fault=rabbit_faults.stop_broker, seconds=20.0, quick_seconds=3.0, broker=RABBITMQ),
+    Scenario(name="rabbit_connections",
+             what="rabbitmqctl close_all_connections every 1.5-3 s (relays and worker)",
+             fault=rabbit_faults.close_connections, seconds=15.0, quick_seconds=4.0,
+             broker=RABBITMQ),
+    Scenario(name="rabbit_memory_alarm",
+             what="RabbitMQ memory alarm (publishers blocked), then cleared",
+             fault=rabbit_faults.memory_alarm, seconds=20.0, quick_seconds=None,
+             broker=RABBITMQ),
+    Scenario(name="rabbit_queue_limit",
+             what="worker paused; the task queue fills to x-max-length and RabbitMQ "
+             "refuses publishes (x-overflow reject-publish: nacks), then resumed",
+             fault=rabbit_faults.queue_limit, seconds=10.0, quick_seconds=None,
+             broker=RABBITMQ, queue=CAPPED_QUEUE),
+    Scenario(name="rabbit_freeze",
+             what="RabbitMQ SIGSTOPped (connections open, no replies), then SIGCONT",
+             fault=rabbit_faults.freeze_broker, seconds=10.0, quick_seconds=None,
+             broker=RABBITMQ),
 )  # fmt: skip
 
 

@@ -1,12 +1,14 @@
-"""The private servers a chaos run owns: a PostgreSQL cluster and a redis-server.
+"""The private servers a chaos run owns: a PostgreSQL cluster, a redis-server, a RabbitMQ node.
 
-Both listen on 127.0.0.1 on free ports, are started by this process, and are stopped in
-`finally` blocks; faults restart or stop only these, never a shared service.
+All listen on 127.0.0.1 on free ports, are started by this process, and are stopped in
+`finally` blocks; faults restart, stop, freeze or alarm only these, never a shared service.
+The RabbitMQ node (chaos.rabbit) is started only when a RabbitMQ scenario runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import secrets
 import shutil
 import signal
@@ -14,6 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +154,34 @@ class PrivateRedis:
 
 
 @contextlib.contextmanager
-def private_servers(log_dir: Path) -> Iterator[tuple[PrivatePostgres, PrivateRedis]]:
-    """Start both servers; both are stopped and removed when the block ends, however it ends."""
-    pg = PrivatePostgres(pgserver.start())
-    broker = PrivateRedis(log_dir / "redis.log")
-    try:
+def private_servers(log_dir: Path, rabbitmq: bool) -> Iterator[tuple[PrivatePostgres, Servers]]:
+    """Start the servers; all are stopped and removed when the block ends, however it ends."""
+    from chaos import rabbit as rabbit_node
+
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="rabbit-start"))
+        # The node boots (several seconds) while PostgreSQL starts.
+        future = pool.submit(rabbit_node.start, log_dir) if rabbitmq else None
+        stack.callback(_destroy_when_started, future)
+        pg = PrivatePostgres(pgserver.start())
+        stack.callback(pg.destroy)
+        broker = PrivateRedis(log_dir / "redis.log")
+        stack.callback(broker.destroy)
         pg.create_database()
         broker.start()
-        yield pg, broker
-    finally:
-        broker.destroy()
-        pg.destroy()
+        yield pg, Servers(redis=broker, rabbit=future.result() if future else None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Servers:
+    """The run's brokers (RabbitMQ only when a scenario needs it)."""
+
+    redis: PrivateRedis
+    rabbit: Any  # chaos.rabbit.ChaosRabbit | None
+
+
+def _destroy_when_started(future: Future[Any] | None) -> None:
+    if future is None:
+        return
+    with contextlib.suppress(BaseException):  # a failed start removed its own node
+        future.result().destroy()

@@ -1,4 +1,4 @@
-"""One Celery app per library, publishing to its own Redis list, and a plain one."""
+"""One Celery app per library, publishing to its own queue on the broker, and a plain one."""
 
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ OUTBOX_NOTIFY_CELERY_APP = "bench.project.celery_apps.ours_app"
 OUTBOX_NOTIFY_DATABASE = "ours"
 CELERY_OUTBOX_APP = "bench.project.celery_apps.peer_app"
 
-BROKER_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
+# The broker of the scenario that started the process (bench.run sets it: Redis or RabbitMQ).
+BROKER_URL = os.environ.get("BENCH_BROKER_URL", "redis://127.0.0.1:6379/13")
 OURS_QUEUE = os.environ.get("BENCH_OURS_QUEUE", "bench-ours")
 PEER_QUEUE = os.environ.get("BENCH_PEER_QUEUE", "bench-peer")

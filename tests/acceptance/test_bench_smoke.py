@@ -2,7 +2,8 @@
 
 Only whether each scenario ran is checked, never a figure: timings belong in the benchmark's
 report, not in a test's assertions. --no-peer keeps it offline and fast (no second venv, no
-django-celery-outbox); the harness starts its own PostgreSQL and Redis and stops them.
+django-celery-outbox); the harness starts its own PostgreSQL, redis-server and RabbitMQ node
+and stops them. The scenarios that touch a broker run on both Redis and RabbitMQ.
 """
 
 from __future__ import annotations
@@ -14,29 +15,55 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import IN_CI
+
 REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT = 400.0  # seconds: generous; the run itself takes about a minute and a half
+RUN_TIMEOUT = 600.0  # seconds: generous; the run itself takes about three minutes
 TRIGGER_TIMEOUT = 240.0  # seconds; the trigger benchmark's tiny run takes about 20
 BENCH_REDIS_URL = "redis://127.0.0.1:6379/12"  # bench/trigger.py's default
 
 
-def _redis_available() -> bool:
-    if shutil.which("redis-server"):
+PER_BROKER = ("latency", "drain", "crash", "ceiling")
+
+
+def _server_available(binary_found: bool, port: int) -> bool:
+    if binary_found:
         return True
     with socket.socket() as sock:
         sock.settimeout(1.0)
-        return sock.connect_ex(("127.0.0.1", 6379)) == 0
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _require_brokers() -> None:
+    """Skip locally, fail under CI, when neither a private nor a shared broker is there."""
+    from devtools import rabbitserver
+
+    missing = [
+        name
+        for name, found in (
+            ("Redis", _server_available(bool(shutil.which("redis-server")), 6379)),
+            ("RabbitMQ", _server_available(rabbitserver.installed(), 5672)),
+        )
+        if not found
+    ]
+    if not missing:
+        return
+    message = f"no server for {', '.join(missing)} (neither installed nor on localhost)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 @pytest.mark.redis
+@pytest.mark.rabbitmq
 @pytest.mark.timeout(RUN_TIMEOUT + 60)
 def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
-    """`python -m bench.run --quick --no-peer` exits 0 and reports every scenario as ok."""
-    if not _redis_available() and os.environ.get("CI") != "true":
-        pytest.skip("neither redis-server nor a Redis on 127.0.0.1:6379")
+    """`python -m bench.run --quick --no-peer` exits 0 and reports every scenario as ok, on both brokers."""
+    _require_brokers()
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DJANGO_SETTINGS")}
     done = subprocess.run(
@@ -53,8 +80,24 @@ def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     failed = {n: s["error"] for n, s in report["scenarios"].items() if s["status"] != "ok"}
     assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
-    assert set(report["scenarios"]) >= {"latency", "drain", "writers", "idle", "crash"}
+    per_broker = {f"{name}.{broker}" for name in PER_BROKER for broker in ("redis", "rabbitmq")}
+    assert set(report["scenarios"]) >= {"writers", "idle", "enqueue", *per_broker}
     assert done.returncode == 0, done.stderr
+    _assert_broker_named_everywhere(report, tmp_path)
+
+
+def _assert_broker_named_everywhere(report: dict[str, Any], tmp_path: Path) -> None:
+    """The rendered report has a Redis and a RabbitMQ part in every per-broker section."""
+    from bench import report as reporting
+
+    docs = tmp_path / "benchmarks.md"
+    reporting.write_docs(report, docs, tmp_path / "img")
+    sections = {part.split("\n", 1)[0]: part for part in docs.read_text().split("\n## ")[1:]}
+    titles = {title for key, title, _ in reporting.SECTIONS if key in PER_BROKER}
+    assert titles <= set(sections), sorted(sections)
+    for title in titles:
+        assert "### Redis\n\nBroker: Redis" in sections[title], sections[title][:400]
+        assert "### RabbitMQ\n\nBroker: RabbitMQ" in sections[title], sections[title][:400]
 
 
 @pytest.mark.redis

@@ -1,0 +1,172 @@
+"""The fixed text of docs/benchmarks.md: preamble, machine, broker lines, notes and method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.tables import BROKER_NAMES, table
+
+
+def preamble(report: dict[str, Any]) -> str:
+    peer = "peer" in report["sides"]
+    title = (
+        "outbox-notify and django-celery-outbox 0.4.3, side by side" if peer else "outbox-notify"
+    )
+    names = " and ".join(report["brokers"].values())
+    return (
+        f"# Benchmarks: {title}\n\n"
+        f"Measured with `make bench` (`{report['command']}`) on {report['started_at']}, "
+        f"{report['mode']} mode, in {report['runtime_s']:.0f} s, with {names} as the broker "
+        "(every figure below says which). Raw figures: `bench/results/latest.json`. Re-run on "
+        "your own machine before relying on a figure: every number below depends on the disk's "
+        "fsync time and the CPU.\n"
+    )
+
+
+BROKER_SETUP = {
+    "redis": (
+        "each library publishes to its own list (Celery's default routing); the benchmark reads "
+        "the list's length and BRPOPs it"
+    ),
+    "rabbitmq": (
+        "each library publishes to its own durable queue, declared as Celery declares its "
+        "default queue (a direct exchange of the same name), persistent messages (Celery's "
+        "default delivery mode); outbox-notify's relay waits for publisher confirms (it always "
+        "does on AMQP), django-celery-outbox publishes at Celery's defaults (no confirms); the "
+        "benchmark reads the queue's ready messages and consumes it with basic.consume"
+    ),
+}
+
+
+def broker_line(report: dict[str, Any], broker: str) -> str:
+    """One line under a per-broker heading: which server, and how its queues are set up."""
+    found = report["machine"].get("brokers", {}).get(broker, {})
+    server = f"{found.get('version', '?')}, {found.get('server', '?')}" if found else "?"
+    return (
+        f"Broker: {BROKER_NAMES.get(broker, broker)} {server}; {BROKER_SETUP.get(broker, '')}.\n\n"
+    )
+
+
+def machine(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    pg = m["postgresql"]
+    packages = ", ".join(f"{k} {v}" for k, v in m["packages"].items() if v)
+    modified = (
+        " (relay code modified in the working tree)" if m["checkout"]["relay_modified"] else ""
+    )
+    brokers = [
+        [BROKER_NAMES.get(key, key), f"{b['version']}, {b['server']}"]
+        for key, b in m.get("brokers", {}).items()
+    ]
+    rows = [
+        ["CPU", f"{m['nproc']} x {m['cpu']}"],
+        ["memory", m["memory"]],
+        ["OS", m["platform"]],
+        [
+            "PostgreSQL",
+            f"{pg['server_version']}, {pg['server']}; fsync={pg['fsync']}, "
+            f"synchronous_commit={pg['synchronous_commit']}, full_page_writes={pg['full_page_writes']}, "
+            f"wal_sync_method={pg['wal_sync_method']}, shared_buffers={pg['shared_buffers']}",
+        ],
+        *brokers,
+        ["Python", m["python"]],
+        ["packages", packages],
+        ["checkout", f"{m['checkout']['commit']}{modified}"],
+        ["load average at the start", " / ".join(f"{x:.2f}" for x in m["load_average"])],
+    ]
+    return "## Machine\n\n" + table(["", ""], rows)
+
+
+NOTES = {
+    "latency": (
+        "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
+        "does not hang on one connection's fsync) and stamps each commit's return; a separate "
+        "consumer process takes each message off the broker as it arrives (Redis: BRPOP; "
+        "RabbitMQ: basic.consume without acks) and stamps it (both CLOCK_MONOTONIC). The rows "
+        "are copies of a row the library's own `delay()` wrote, each with a fresh task id. Where "
+        "a relay publishes slower than the rate, its backlog and its latency grow through the "
+        "run; what it has not published a few seconds after the producer stops counts as not "
+        "delivered.\n"
+    ),
+    "drain": (
+        "\nThe relays start on an empty table; the backlog is inserted in one transaction and the "
+        "clock runs from the commit's return until the broker's queue holds every message (the "
+        "Redis list's length; the RabbitMQ queue's ready messages), or the cap. CPU is utime + "
+        "stime from /proc: of the relay processes, of the whole PostgreSQL process tree "
+        "(backends that exited included) when the server is private, and of the broker's server "
+        "process when it is private (`redis-server`; RabbitMQ's `beam.smp`, all its threads).\n"
+    ),
+    "writers": (
+        "\npgbench clients each commit one outbox row per transaction (the same realistic row as "
+        "above). The relays that run beside the writers publish what they can and compete for the "
+        "same two cores, with the broker they publish to (named in each row), so part of a "
+        "'relay running' ratio is CPU taken by the relay and the broker, not the trigger; the "
+        "'no relay' rows involve no broker and isolate the trigger. A relay that publishes more "
+        "during the run (the count in its cells) also puts more CPU and WAL on the same machine; "
+        "run-to-run noise here is large (±20 %), so read the ratios as 'about the same', not as "
+        "rankings. NOTIFYs are counted with pg_stat_statements (track=all sees the trigger's "
+        "pg_notify).\n"
+    ),
+    "idle": (
+        "\nOne relay per library at its defaults, both at once on empty tables, each in its own "
+        "database, connected to the run's first broker but with nothing to publish: these "
+        "figures are the database's and the relay's, not a broker's. Statements from "
+        "pg_stat_statements, new connections from pg_stat_database.sessions, CPU from /proc. "
+        "django-celery-outbox polls every second and, with Django's default CONN_MAX_AGE=0, "
+        "reconnects for each poll.\n"
+    ),
+    "crash": (
+        "\nTwo relays drain a committed backlog (its size is in the table); early in it both are "
+        "frozen (SIGSTOP), the rows they hold are read, one gets SIGKILL and the other continues. "
+        "Ours holds rows by row locks in an open transaction, which PostgreSQL releases when the "
+        "connection drops; django-celery-outbox marks rows in flight and leaves them until its "
+        "300 s stale timeout. Both relays' held rows are counted; the survivor's are published "
+        "within its batch. Duplicates are messages in the broker's queue beyond the backlog: "
+        "rows the killed relay had published but not yet deleted.\n"
+    ),
+    "enqueue": (
+        "\n`task.delay()` inside `transaction.atomic()` on the library's database, in one process, "
+        "no relay running and no broker involved (both libraries only write a row). With one "
+        "message per transaction the figure is bound by the commit's fsync.\n"
+    ),
+    "delay": (
+        "\nOne process per Sentry case (`python -m bench.enqueue measure --sentry CASE`), "
+        "rounds rotating the order, best round shown. A `delay()` is timed alone; the last "
+        "column adds the transaction's BEGIN and COMMIT (one fsync), spread over its calls. "
+        "Where the time goes: Celery's own `send_task` (message, routing, `argsrepr`) is "
+        "common to all paths; a plain publish then makes one Redis round trip, we make one "
+        "PostgreSQL round trip whose server side (parse, plan, the statement trigger, WAL, two "
+        "indexes) costs more than an LPUSH. The profile shows the split. `bulk()` pays the "
+        "round trip once per 5,000 rows and skips most of `send_task` for repeated shapes; "
+        "with Sentry initialised its Celery integration adds trace headers to every call, "
+        "which sends each call through Celery's full path. django-celery-outbox 0.4.3 imports "
+        "sentry_sdk unconditionally, so it has no row where sentry-sdk is absent.\n"
+    ),
+    "ceiling": (
+        "\nNo database: how fast Celery messages reach the broker at all from one Python process. "
+        "`KombuPublisher` is the relay's general path; the relay itself uses the publisher "
+        "`outbox_notify.relay.runner` builds (listed when it is another class). Its drain rate "
+        "above can approach that figure but not exceed it. Plain `send_task` is also what "
+        "django-celery-outbox's relay calls per message (on RabbitMQ at Celery's defaults: no "
+        "publisher confirms, while our publishers wait for them); with kombu 5.7 and redis-py 8, "
+        "about a fifth of each such call on Redis goes to building a new redis client.\n"
+    ),
+}
+
+METHOD = """\
+## Method
+
+- Both relays run at their defaults: ours `manage.py outbox_listen` (batch 100, sweep every
+  2 s), django-celery-outbox `manage.py celery_outbox_relay` (batch 100, idle 1 s, stale
+  timeout 300 s; its StatsD metrics are on by default and go to localhost:9125, where nothing
+  listens). Neither project configures logging, so both print their default structlog lines.
+- The benchmark project (`bench/project/`) installs both apps; a database router keeps each
+  library's tables in its own database, so neither relay ever sees the other's rows. Each
+  library publishes to its own queue.
+- Brokers: a private `redis-server` without persistence, and a private RabbitMQ node
+  (`devtools.rabbitserver`: its own node name, ports, data and log directories, never the
+  machine's shared RabbitMQ) whose queues are durable and whose messages are persistent, as
+  Celery declares and sends them. Scenarios that touch a broker run on each in turn.
+- Scenarios alternate the libraries (ours, peer, ours, peer ...), so drift on the machine hits
+  both alike. The machine is small and may be shared: compare within a table, not across runs.
+"""

@@ -1,0 +1,160 @@
+"""A broker as the chaos run sees it: its private server, its watch, its queues, its worker.
+
+Each scenario runs on one site (Redis or RabbitMQ). The harness asks a site for the URL its
+relays and worker use, what the broker really received (the watch), what is still queued,
+and which secrets must never appear in a log; the faults act on the site's server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import Counter
+from typing import Any, Protocol
+
+from chaos import brokerwatch, firehose
+from chaos.rabbit import ChaosRabbit
+from chaos.services import PrivateRedis
+
+REDIS = "redis"
+RABBITMQ = "rabbitmq"
+
+
+class Site(Protocol):
+    """What the harness needs from a broker."""
+
+    kind: str
+    label: str
+
+    def url(self) -> str: ...
+    def secrets(self) -> dict[str, str]: ...
+    def start_watch(self) -> None: ...
+    def stop_watch(self) -> None: ...
+    def snapshot(self) -> tuple[Counter[str], set[str]]: ...
+    def received(self) -> Counter[str]: ...
+    def redelivered(self) -> set[str]: ...
+    def pending(self, queues: list[str]) -> int: ...
+    def settled(self, queues: list[str]) -> bool: ...
+    def depth(self, queue: str) -> int: ...
+
+
+class RedisSite:
+    """The private redis-server, watched with MONITOR."""
+
+    kind = REDIS
+    label = "Redis"
+
+    def __init__(self, server: PrivateRedis, queue: str) -> None:
+        self.server = server
+        self.watch = brokerwatch.BrokerWatch(server.port, server.password, queue)
+
+    def url(self) -> str:
+        return self.server.url()
+
+    def secrets(self) -> dict[str, str]:
+        return {"Redis password": self.server.password}
+
+    def start_watch(self) -> None:
+        self.watch.start()
+        brokerwatch.wait_started(self.watch)
+
+    def stop_watch(self) -> None:
+        self.watch.stop()
+
+    def snapshot(self) -> tuple[Counter[str], set[str]]:
+        """(LPUSHes of new messages per task id, task ids a worker took unacknowledged)."""
+        return self.watch.snapshot()
+
+    def received(self) -> Counter[str]:
+        return self.watch.snapshot()[0]
+
+    def redelivered(self) -> set[str]:
+        """Task ids kombu put back into the list (unacknowledged past the visibility timeout)."""
+        with self.watch.lock:
+            return set(self.watch.restored)
+
+    def pending(self, queues: list[str]) -> int:
+        client = self.server.client()
+        return sum(int(client.llen(q)) for q in queues) + int(client.hlen("unacked"))
+
+    def settled(self, queues: list[str]) -> bool:
+        return self.pending(queues) == 0
+
+    def depth(self, queue: str) -> int:
+        return int(self.server.client().llen(queue))
+
+
+class RabbitSite:
+    """The private RabbitMQ node, watched through its firehose."""
+
+    kind = RABBITMQ
+    label = "RabbitMQ"
+
+    def __init__(self, rabbit: ChaosRabbit) -> None:
+        self.rabbit = rabbit
+        self.watch = firehose.FirehoseWatch(rabbit)
+        # One connection for the depth probes (the sampler's thread and the drain check),
+        # opened again after a fault closed it: a connection per probe would churn the node.
+        self.probe: Any = None
+        self.probe_lock = threading.Lock()
+
+    def url(self) -> str:
+        return self.rabbit.url()
+
+    def secrets(self) -> dict[str, str]:
+        return {"RabbitMQ password": self.rabbit.password}
+
+    def start_watch(self) -> None:
+        self.watch.start()
+        firehose.wait_started(self.watch)
+
+    def stop_watch(self) -> None:
+        self.watch.stop()
+        with self.probe_lock:
+            self._drop_probe()
+
+    def snapshot(self) -> tuple[Counter[str], set[str]]:
+        """(copies the node stored per task id, task ids delivered to a worker)."""
+        return self.watch.snapshot()
+
+    def received(self) -> Counter[str]:
+        return self.watch.received_copy()
+
+    def redelivered(self) -> set[str]:
+        """Task ids the node delivered again (requeued after a consumer lost its channel)."""
+        return self.watch.redelivered_copy()
+
+    def _ready(self, channel: Any, queue: str) -> int:
+        import amqp
+
+        try:
+            return int(channel.queue_declare(queue, passive=True).message_count)
+        except amqp.exceptions.NotFound:
+            return 0  # never declared: nothing was ever published to it
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+
+    def pending(self, queues: list[str]) -> int:
+        """Ready messages (a passive declare per queue: cheap, but blind to unacked ones)."""
+        with self.probe_lock:
+            try:
+                if self.probe is None:
+                    self.probe = self.rabbit.connect()
+                return sum(self._ready(self.probe.channel(), q) for q in queues)
+            except Exception:
+                self._drop_probe()
+                raise
+
+    def _drop_probe(self) -> None:
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            with contextlib.suppress(Exception):
+                probe.collect()
+
+    def settled(self, queues: list[str]) -> bool:
+        """Nothing ready and nothing unacknowledged (rabbitmqctl list_queues: authoritative)."""
+        return self.rabbit.messages(queues) == 0
+
+    def depth(self, queue: str) -> int:
+        return self.pending([queue])
