@@ -98,6 +98,20 @@ def dumps(value: Any, what: str) -> str:
         ) from exc
 
 
+def dumps_args(args: Any) -> str:
+    """Positional task arguments as stored (a JSON array, whatever sequence was given)."""
+    if not args:
+        return "[]"
+    return dumps(args if type(args) is list else list(args), "task args")
+
+
+def dumps_kwargs(kwargs: Any) -> str:
+    """Keyword task arguments as stored (a JSON object, whatever mapping was given)."""
+    if not kwargs:
+        return "{}"
+    return dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs")
+
+
 def dumps_context(context: Mapping[str, Any]) -> str:
     """Encode the captured context; whatever JSON cannot hold is stored as its str()."""
     return _CONTEXT_ENCODER.encode(context) if context else "{}"
@@ -222,8 +236,8 @@ def build_row(
     return OutboxRow(
         task_id=str(headers["id"]),
         task_name=str(headers["task"]),
-        args=dumps(args if type(args) is list else list(args), "task args"),
-        kwargs=dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs"),
+        args=dumps_args(args),
+        kwargs=dumps_kwargs(kwargs),
         options=options_text(publish_kwargs, headers, embed, relative, sent_event),
         context=dumps_context(context),
         hold_until=hold_until,
