@@ -13,6 +13,7 @@ from celery.result import AsyncResult
 
 from outbox_notify import (
     batching,
+    chords,
     context,
     held,
     instrumentation,
@@ -103,6 +104,9 @@ class OutboxCelery(celery.Celery):
         backend.on_task_call = skip_while_recording
         if add_pending_result is not None:
             backend.add_pending_result = skip_while_collecting
+        # A chord's size (and a header of groups) goes to the backend from the relay, just
+        # before the header's tasks are published (chords.py).
+        chords.wrap(backend, recording=lambda: batching.active() is not None)
         return backend
 
     def producer_or_acquire(self, producer: Any = None) -> Any:

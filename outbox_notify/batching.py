@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import transaction
 
-from outbox_notify import writeconf
+from outbox_notify import chords, writeconf
 from outbox_notify.rows import insert_rows
 from outbox_notify.serialization import OutboxRow
 
@@ -97,14 +97,25 @@ def bulk(
 
 @contextlib.contextmanager
 def for_group(app: Any) -> Iterator[GroupProducer]:
-    """Celery's group fan-out: join the running bulk block, or write the group in one go."""
-    if _active.get() is not None:
-        yield GroupProducer()
-        return
-    collector = Collector(alias=writeconf.current().alias, app=app, batch_size=2**62)
+    """Celery's group fan-out: collect its rows, then join the running bulk block or write them.
+
+    The group's rows are kept together until the fan-out ends, so a chord's header rows all
+    carry the result-backend calls recorded while it was applied (chords.py).
+    """
+    outer = _active.get()
+    alias = outer.alias if outer is not None else writeconf.current().alias
+    collector = Collector(alias=alias, app=app, batch_size=2**62)
     token = _active.set(collector)
     try:
         yield GroupProducer()
+    except BaseException:
+        chords.discard()
+        raise
     finally:
         _active.reset(token)
-    collector.flush()
+    collector.rows = chords.attach(collector.rows)
+    if outer is None:
+        collector.flush()
+        return
+    for row in collector.rows:
+        outer.add(row)

@@ -10,7 +10,6 @@ through `connection.cursor()` as usual.
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from django.db.backends.utils import CursorWrapper
 
 from outbox_notify import deferred, observability, signals
 from outbox_notify import sql as sql_files
-from outbox_notify.serialization import SCHEMA_VERSION, OutboxRow
+from outbox_notify.serialization import OutboxRow
 
 log = structlog.get_logger("outbox_notify")
 
@@ -73,7 +72,7 @@ def _insert_one(connection: BaseDatabaseWrapper, row: OutboxRow) -> None:
             "kwargs": row.kwargs,
             "options": row.options,
             "context": row.context,
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": row.schema_version,
             "retry_after": row.hold_until,
         },
     )
@@ -92,8 +91,6 @@ def _copy(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
 
 # COPY's text format: a backslash starts an escape, tab and newline end a field or a line.
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-# The last two fields: schema_version, and retry_after NULL (a row ready now).
-_READY_END = f"\t{SCHEMA_VERSION}\t\\N\n"
 
 
 def _copy_line(row: OutboxRow) -> str:
@@ -109,12 +106,15 @@ def _copy_line(row: OutboxRow) -> str:
             row.options.replace("\\", "\\\\"),
             row.context.replace("\\", "\\\\"),
         )
-    ) + (_READY_END if row.hold_until is None else _held_end(row.hold_until))
+    ) + _copy_end(row)
 
 
-def _held_end(eta: dt.datetime) -> str:
-    """schema_version and retry_after for a task held until its ETA (isoformat needs no escape)."""
-    return f"\t{SCHEMA_VERSION}\t{eta.isoformat()}\n"
+def _copy_end(row: OutboxRow) -> str:
+    """The last two fields: schema_version, and retry_after (NULL: ready now; else the ETA a
+    task is held until, whose isoformat needs no escape)."""
+    if row.hold_until is None:
+        return f"\t{row.schema_version}\t\\N\n"
+    return f"\t{row.schema_version}\t{row.hold_until.isoformat()}\n"
 
 
 def in_worker_task(app: Any) -> bool:
