@@ -97,7 +97,7 @@ class OutboxCelery(celery.Celery):
             # is the network, inside the caller's transaction, and it would outlive a
             # rollback. The barrier only serves GroupResult.then(), which needs a running
             # result drainer; get()/join() ask the backend themselves.
-            if batching.active() is not None:
+            if batching.active() is not None or chords.replaying():
                 return None
             return add_pending_result(result, *args, **kwargs)  # type: ignore[misc]
 

@@ -9,9 +9,15 @@ OutboxCelery's backend records those calls instead of making them (`defer`), and
 header rows carry them in their options (`backend_calls`, schema version 2, which relays
 older than this layout leave alone). The relay makes each call before it publishes the rows
 that carry it (relay/chords.py), once per chord and relay process, and again after a restart
-(both calls only set the same keys again). A backend whose `apply_chord` only sends Celery's
-`chord_unlock` task (the database and other non-INCR backends) keeps it at the call: that
-task goes into the outbox like any other.
+(both calls only set the same keys again).
+
+Which calls move: `set_chord_size` wherever a backend implements it (Celery's Redis backend;
+Celery's base class does nothing), and `apply_chord` of the Redis backends and of the key-value
+backends whose chords count with INCR (cache/memcached, DynamoDB, GCS...), whose writes are
+plain SETs. Any other `apply_chord` stays at the call: Celery's own fallback only sends the
+`chord_unlock` task, which goes into the outbox like any other, and a backend of unknown
+semantics (django-celery-results writes a `ChordCounter` row through the ORM, in the caller's
+transaction when it shares the outbox's database, and not idempotently) is not replayed.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from celery.backends.base import Backend
+from celery.backends.base import Backend, BaseKeyValueStoreBackend
 from celery.result import result_from_tuple
 from celery.utils.functional import regen
 
@@ -43,16 +49,20 @@ def wrap(backend: Any, recording: Callable[[], bool]) -> None:
     setattr(backend, ORIGINALS, originals)
     set_chord_size = originals[SET_CHORD_SIZE]
     apply_chord = originals[APPLY_CHORD]
-    unlocks_only = getattr(apply_chord, "__func__", None) is Backend.apply_chord
+    replayable = _replayable_apply_chord(backend, apply_chord)
+    sizes = getattr(set_chord_size, "__func__", None) is not Backend.set_chord_size
 
     def deferred_set_chord_size(group_id: str, chord_size: int) -> Any:
-        if not recording():
-            return set_chord_size(group_id, chord_size)
+        if not sizes or not recording():
+            return set_chord_size(group_id, chord_size)  # Celery's own does nothing
         _record(group_id, SET_CHORD_SIZE, [group_id, chord_size], {})
         return None
 
     def deferred_apply_chord(header_result_args: Any, body: Any, **kwargs: Any) -> Any:
-        if unlocks_only or backend.app.conf.task_always_eager:
+        # apply_chord runs before the header's fan-out starts, so no collector is active yet:
+        # any chord applied through an OutboxCelery app's backend is one being enqueued (the
+        # relay calls the original methods, kept in ORIGINALS).
+        if not replayable or backend.app.conf.task_always_eager:
             return apply_chord(header_result_args, body, **kwargs)
         backend.ensure_chords_allowed()  # a backend without chords still refuses at the call
         group_id, results = header_result_args[0], header_result_args[1]
@@ -67,6 +77,26 @@ def wrap(backend: Any, recording: Callable[[], bool]) -> None:
 
     backend.set_chord_size = deferred_set_chord_size
     backend.apply_chord = deferred_apply_chord
+
+
+def _replayable_apply_chord(backend: Any, apply_chord: Any) -> bool:
+    """Whether `apply_chord` only SETs keys (Redis, INCR key-value stores): safe to replay."""
+    if (
+        isinstance(backend, BaseKeyValueStoreBackend)
+        and backend.implements_incr
+        and getattr(apply_chord, "__name__", "") == "_apply_chord_incr"
+    ):
+        return True
+    redis_backend = _redis_backend_class()
+    return redis_backend is not None and isinstance(backend, redis_backend)
+
+
+def _redis_backend_class() -> Any:
+    try:
+        from celery.backends.redis import RedisBackend
+    except ImportError:  # pragma: no cover - celery always ships it; redis-py may be absent
+        return None
+    return RedisBackend
 
 
 def _record(group_id: str, call: str, args: list[Any], kwargs: dict[str, Any]) -> None:
@@ -105,8 +135,31 @@ def discard() -> None:
     _recorded.set(None)
 
 
+_replaying: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "outbox_notify_chord_replay", default=False
+)
+
+
+def replaying() -> bool:
+    """Whether the relay is making a recorded call (results it revives must not subscribe)."""
+    return _replaying.get()
+
+
 def apply(backend: Any, app: Any, call: dict[str, Any]) -> None:
-    """Make one recorded call on the backend (the relay's), as Celery would have made it."""
+    """Make one recorded call on the backend (the relay's), as Celery would have made it.
+
+    The GroupResult that Celery builds from the header's results would subscribe to each
+    of them (a result consumer in the relay, for results it never reads): OutboxCelery's
+    backend skips that while `replaying()`.
+    """
+    token = _replaying.set(True)
+    try:
+        _apply(backend, app, call)
+    finally:
+        _replaying.reset(token)
+
+
+def _apply(backend: Any, app: Any, call: dict[str, Any]) -> None:
     originals = getattr(backend, ORIGINALS, {})
     name = call["call"]
     method = originals.get(name) or getattr(backend, name)
