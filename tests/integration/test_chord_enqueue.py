@@ -36,7 +36,7 @@ def _app(result_backend: str) -> tuple[OutboxCelery, object]:
         broker_url=UNREACHABLE, result_backend=result_backend, cache_backend="memory://"
     )
 
-    @chord_app.task(name="tests.mul")
+    @chord_app.task(name="tests.mul", shared=False)
     def mul(x: int, y: int = 1) -> int:
         return x * y
 
