@@ -219,11 +219,7 @@ def _build_call(
     settings: writeconf.WriteSettings,
 ) -> templates.Made:
     call = templates.Call(app=app, name=name, args=args, kwargs=kwargs, options=options)
-
-    def record(name: str, args: Any, kwargs: Any, options: dict[str, Any]) -> templates.Made:
-        return app.record(name, args, kwargs, options, settings)
-
-    return templates.enqueue(call, settings, record)
+    return templates.enqueue(call, settings)
 
 
 _wrapped_builds: dict[Any, Any] = {}

@@ -28,7 +28,7 @@ import json
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -111,8 +111,8 @@ class Template:
     """The first message of a shape, with holes where later calls differ."""
 
     name: str
-    pieces: tuple[str, ...]  # the options text between the holes
-    holes: tuple[str, ...]  # which hole follows each piece but the last
+    holes: tuple[str, ...]  # the holes, in the order they appear in the options text
+    text: str  # the options text with {hole} fields, for str.format_map (braces doubled)
     header_names: tuple[str, ...]  # custom headers, in the order Celery adds them
     extra_holes: bool  # a group index or custom headers to fill
     result_cls: Any
@@ -123,7 +123,9 @@ class Template:
     repr_maxlevels: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+# Call and Made are made for every enqueue: not frozen, as a frozen dataclass sets each field
+# through object.__setattr__. Neither is kept beyond the call.
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Call:
     """One send_task call as an OutboxCelery app received it."""
 
@@ -134,7 +136,7 @@ class Call:
     options: dict[str, Any]
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Made:
     """What one enqueue produced: Celery's AsyncResult and the validated row."""
 
@@ -222,15 +224,15 @@ def _forget_all(**kwargs: Any) -> None:
 setting_changed.connect(_forget_all, dispatch_uid="outbox_notify.templates")
 
 
-def enqueue(call: Call, settings: writeconf.WriteSettings, record: Callable[..., Made]) -> Made:
+def enqueue(call: Call, settings: writeconf.WriteSettings) -> Made:
     """Build the message of one call: from its shape's template, or Celery's full path.
 
-    `record(name, args, kwargs, options)` runs Celery's own send_task against a recording
-    producer (the unwrapped one when Sentry's wrapper is applied here).
+    Celery's full path is `call.app.record()`: Celery's own (unwrapped) send_task against a
+    recording producer.
     """
     cache = for_app(call.app)
     if not cache.current() or not _publish_unobserved():
-        return record(call.name, call.args, call.kwargs, call.options)
+        return _record(call, call.options, settings)
     parent = call.app.current_worker_task
     options = call.options
     values = options.values()
@@ -247,7 +249,7 @@ def enqueue(call: Call, settings: writeconf.WriteSettings, record: Callable[...,
         template = quick = None
     if template is not None and _plain_arguments(call):
         return _fill(template, call, parent, settings)
-    return _by_shape(cache, call, parent, quick=quick, settings=settings, record=record)
+    return _by_shape(cache, call, parent, quick=quick, settings=settings)
 
 
 def _by_shape(
@@ -257,22 +259,26 @@ def _by_shape(
     *,
     quick: Any,
     settings: writeconf.WriteSettings,
-    record: Callable[..., Made],
 ) -> Made:
     key = _shape_key(call, parent)
     if key is None:
-        return record(call.name, call.args, call.kwargs, call.options)
+        return _record(call, call.options, settings)
     template = cache.templates.get(key, _MISSING)
     if template is _MISSING:
-        made = record(call.name, call.args, call.kwargs, dict(call.options))
+        made = _record(call, dict(call.options), settings)
         quick = quick if _quickable(call.options) else None
         cache.put(key, _template(call, made, parent), quick)
         return made
     if template is None:
-        return record(call.name, call.args, call.kwargs, call.options)
+        return _record(call, call.options, settings)
     if quick is not None and _quickable(call.options):
         cache.put(key, template, quick)
     return _fill(template, call, parent, settings)
+
+
+def _record(call: Call, options: dict[str, Any], settings: writeconf.WriteSettings) -> Made:
+    made: Made = call.app.record(call.name, call.args, call.kwargs, options, settings)
+    return made
 
 
 def _publish_unobserved() -> bool:
@@ -382,7 +388,7 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         "origin": headers.get("origin"),
         "reply_to": properties.get("reply_to"),
         "group_index": headers.get("group_index"),
-        **{f"header-{i}": headers.get(name) for i, name in enumerate(header_names)},
+        **{f"header_{i}": headers.get(name) for i, name in enumerate(header_names)},
     }
     if headers.get("root_id") == task_id:
         headers["root_id"] = _marker("id")
@@ -392,7 +398,7 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
     if call.options.get("group_index") is not None:
         headers["group_index"] = _marker("group_index")
     for index, name in enumerate(header_names):
-        headers[name] = _marker(f"header-{index}")
+        headers[name] = _marker(f"header_{index}")
     properties["correlation_id"] = _marker("id")
     if not call.options.get("reply_to"):
         properties["reply_to"] = _marker("reply_to")  # else a given reply_to (group members)
@@ -403,8 +409,8 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
     amqp = call.app.amqp
     template = Template(
         name=call.name,
-        pieces=pieces,
         holes=holes,
+        text=_format_text(pieces, holes),
         header_names=header_names,
         extra_holes=bool(header_names) or "group_index" in holes,
         result_cls=call.options.get("result_cls") or call.app.AsyncResult,
@@ -415,21 +421,19 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         repr_maxlevels=call.app.conf.task_repr_maxlevels,
     )
     encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
-    return template if _join(template, encoded) == text else None
+    return template if template.text.format_map(encoded) == text else None
 
 
-def _join(template: Template, values: Mapping[str, str]) -> str:
-    parts = [template.pieces[0]]
-    for hole, piece in zip(template.holes, template.pieces[1:], strict=True):
-        parts.append(values[hole])
-        parts.append(piece)
-    return "".join(parts)
+def _format_text(pieces: tuple[str, ...], holes: tuple[str, ...]) -> str:
+    escaped = [piece.replace("{", "{{").replace("}", "}}") for piece in pieces]
+    fields = [f"{{{hole}}}" for hole in holes]
+    return "".join(p + f for p, f in zip(escaped, [*fields, ""], strict=True))
 
 
 def _split(text: str, header_count: int) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
     encoded = {
         encode_basestring_ascii(_marker(h)): h
-        for h in (*_FIXED_HOLES, *(f"header-{i}" for i in range(header_count)))
+        for h in (*_FIXED_HOLES, *(f"header_{i}" for i in range(header_count)))
     }
     pieces: list[str] = []
     holes: list[str] = []
@@ -535,7 +539,7 @@ def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]
         )
         headers = options.get("headers") or {}
         for index, name in enumerate(template.header_names):
-            values[f"header-{index}"] = serialization.dumps(headers[name], "task options")
+            values[f"header_{index}"] = serialization.dumps(headers[name], "task options")
     return values
 
 
@@ -548,7 +552,7 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
         task_name=template.name,
         args=serialization.dumps_args(args),
         kwargs=serialization.dumps_kwargs(kwargs),
-        options=_join(template, _hole_values(template, call, task_id)),
+        options=template.text.format_map(_hole_values(template, call, task_id)),
         context=serialization.dumps_context(
             context.capture(
                 settings.structlog_keys,
