@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -10,7 +11,16 @@ from typing import Any
 import celery
 from celery.result import AsyncResult
 
-from outbox_notify import batching, context, held, serialization, templates, writeconf
+from outbox_notify import (
+    batching,
+    chords,
+    context,
+    held,
+    instrumentation,
+    serialization,
+    templates,
+    writeconf,
+)
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -87,13 +97,16 @@ class OutboxCelery(celery.Celery):
             # is the network, inside the caller's transaction, and it would outlive a
             # rollback. The barrier only serves GroupResult.then(), which needs a running
             # result drainer; get()/join() ask the backend themselves.
-            if batching.active() is not None:
+            if batching.active() is not None or chords.replaying():
                 return None
             return add_pending_result(result, *args, **kwargs)  # type: ignore[misc]
 
         backend.on_task_call = skip_while_recording
         if add_pending_result is not None:
             backend.add_pending_result = skip_while_collecting
+        # A chord's size (and a header of groups) goes to the backend from the relay, just
+        # before the header's tasks are published (chords.py).
+        chords.wrap(backend, recording=lambda: batching.active() is not None)
         return backend
 
     def producer_or_acquire(self, producer: Any = None) -> Any:
@@ -116,17 +129,21 @@ class OutboxCelery(celery.Celery):
                 if isinstance(options.get(key), batching.GroupProducer):
                     del options[key]
             return super().send_task(name, args, kwargs, **options)
-        collector = batching.active()
-        if collector is not None:
-            call = templates.Call(app=self, name=name, args=args, kwargs=kwargs, options=options)
-            fast: AsyncResult[Any] | None = collector.enqueue(call, settings)
-            if fast is not None:
-                return fast
-        result, row = self.record(name, args, kwargs, options, settings)
-        if collector is not None:
-            collector.add(row)
+        wrapper = instrumentation.send_task_wrapper()
+        if wrapper is instrumentation.UNKNOWN or not instrumentation.plain_super_send_task(self):
+            # Something wraps Celery's send_task that the template path cannot stand in for.
+            made = self.record(name, args, kwargs, options, settings, send=super().send_task)
+        elif wrapper is None:
+            made = _build_call(self, name, args, kwargs, options, settings=settings)
         else:
-            insert_row(row, settings.alias, self)
+            assert not isinstance(wrapper, instrumentation.Unknown)
+            made = _wrapped_build(wrapper)(self, name, args, kwargs, **options)
+        collector = batching.active()
+        if collector is not None and collector.alias == settings.alias:
+            collector.add(made.row)
+        else:
+            insert_row(made.row, settings.alias, self)
+        result: AsyncResult[Any] = made.result
         return result
 
     def record(
@@ -136,26 +153,26 @@ class OutboxCelery(celery.Celery):
         kwargs: Any,
         options: dict[str, Any],
         settings: writeconf.WriteSettings,
-    ) -> tuple[AsyncResult[Any], serialization.OutboxRow]:
-        """Let Celery build the message against a recording producer; return it as a row."""
+        *,
+        send: Any = None,
+    ) -> templates.Made:
+        """Let Celery build the message against a recording producer; return it as a row.
+
+        `send` is the send_task that builds it (Celery's own, unwrapped, by default).
+        """
         relative = serialization.relative_times(options)
         for key in ("countdown", "expires"):
             if key in options:
                 options[key] = serialization.seconds(options[key])
-        recorder, result = self.recorded_send(name, args, kwargs, options)
-        return result, self.row_from(recorder, relative, settings)
-
-    def recorded_send(
-        self, name: str, args: Any, kwargs: Any, options: dict[str, Any]
-    ) -> tuple[RecordingProducer, AsyncResult[Any]]:
-        """Celery's own send_task, publishing into a RecordingProducer."""
         for key in _BROKER_ARGS:
             options.pop(key, None)
         recorder = RecordingProducer()
-        result = super().send_task(name, args, kwargs, producer=recorder, **options)  # type: ignore[arg-type]
+        if send is None:
+            send = functools.partial(instrumentation.original_send_task(), self)
+        result = send(name, args, kwargs, producer=recorder, **options)
         if recorder.recorded is None:
             raise ConfigurationError(f"Celery did not produce a message for task {name!r}")
-        return recorder, result
+        return templates.Made(result=result, row=self.row_from(recorder, relative, settings))
 
     def row_from(
         self,
@@ -170,7 +187,10 @@ class OutboxCelery(celery.Celery):
             body,
             publish_kwargs,
             relative=relative,
-            context=context.capture(settings.structlog_keys),
+            context=context.capture(
+                settings.structlog_keys,
+                sentry=not context.carries_sentry_trace(publish_kwargs.get("headers")),
+            ),
             sent_event=recorder.sent_event,
             hold_until=held.hold_until(
                 publish_kwargs.get("headers") or {}, settings.hold_eta_after, self
@@ -178,6 +198,39 @@ class OutboxCelery(celery.Celery):
         )
         serialization.validate_row(row)
         return row
+
+
+def _build(app: OutboxCelery, name: str, args: Any, kwargs: Any, **options: Any) -> templates.Made:
+    """The message and row of one call: from its shape's template, or Celery's full path.
+
+    Called as Celery's send_task would be (positional app, name, args, kwargs), so a tracing
+    wrapper of Celery's send_task can be applied around it (see instrumentation.py).
+    """
+    return _build_call(app, name, args, kwargs, options, settings=writeconf.current())
+
+
+def _build_call(
+    app: OutboxCelery,
+    name: str,
+    args: Any,
+    kwargs: Any,
+    options: dict[str, Any],
+    *,
+    settings: writeconf.WriteSettings,
+) -> templates.Made:
+    call = templates.Call(app=app, name=name, args=args, kwargs=kwargs, options=options)
+    return templates.enqueue(call, settings)
+
+
+_wrapped_builds: dict[Any, Any] = {}
+
+
+def _wrapped_build(wrapper: instrumentation.Wrapper) -> Any:
+    """_build inside `wrapper` (made once per wrapper factory)."""
+    wrapped = _wrapped_builds.get(wrapper)
+    if wrapped is None:
+        wrapped = _wrapped_builds[wrapper] = wrapper(_build)
+    return wrapped
 
 
 def check_task_protocol(app_configs: Any = None, **kwargs: Any) -> list[Any]:

@@ -13,11 +13,8 @@ returns its `AsyncResult` at once and its row is kept in memory; Celery's `group
 The messages are the ones single calls store, and bad arguments raise the same
 `SerializationError` at the call. When the block raises, nothing of it is written.
 
-Repeated calls of one task with the same options (the usual fan-out) skip most of Celery's
-per-call work: the first call of each shape goes through Celery's own `send_task`, and later
-calls reuse its routing and headers with their own id, arguments and `argsrepr`, exactly as
-Celery would have built them (see `templates.py`; anything that could make two calls differ
-otherwise, such as a router function, an ETA or a signal receiver, takes the full path).
+Messages are built as for single calls (repeated shapes from their template, see
+`templates.py`); only the writing is batched.
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ from typing import Any
 
 from django.db import transaction
 
-from outbox_notify import templates, writeconf
+from outbox_notify import chords, writeconf
 from outbox_notify.rows import insert_rows
 from outbox_notify.serialization import OutboxRow
 
@@ -55,7 +52,6 @@ class Collector:
     app: Any
     batch_size: int = DEFAULT_BATCH_SIZE
     rows: list[OutboxRow] = dataclasses.field(default_factory=list)
-    shapes: templates.Shapes = dataclasses.field(default_factory=templates.Shapes)
     written: int = 0
 
     def add(self, row: OutboxRow) -> None:
@@ -63,17 +59,6 @@ class Collector:
         self.rows.append(row)
         if len(self.rows) >= self.batch_size:
             self.flush()
-
-    def enqueue(self, call: templates.Call, settings: writeconf.WriteSettings) -> Any:
-        """The fast path for a repeated shape: its AsyncResult, or None to take the full path."""
-        if settings.alias != self.alias:
-            return None
-        made = self.shapes.enqueue(call, settings)
-        if made is None:
-            return None
-        result, row = made
-        self.add(row)
-        return result
 
     def flush(self) -> None:
         """Write what is waiting, in one COPY."""
@@ -112,14 +97,25 @@ def bulk(
 
 @contextlib.contextmanager
 def for_group(app: Any) -> Iterator[GroupProducer]:
-    """Celery's group fan-out: join the running bulk block, or write the group in one go."""
-    if _active.get() is not None:
-        yield GroupProducer()
-        return
-    collector = Collector(alias=writeconf.current().alias, app=app, batch_size=2**62)
+    """Celery's group fan-out: collect its rows, then join the running bulk block or write them.
+
+    The group's rows are kept together until the fan-out ends, so a chord's header rows all
+    carry the result-backend calls recorded while it was applied (chords.py).
+    """
+    outer = _active.get()
+    alias = outer.alias if outer is not None else writeconf.current().alias
+    collector = Collector(alias=alias, app=app, batch_size=2**62)
     token = _active.set(collector)
     try:
         yield GroupProducer()
+    except BaseException:
+        chords.discard()
+        raise
     finally:
         _active.reset(token)
-    collector.flush()
+    collector.rows = chords.attach(collector.rows)
+    if outer is None:
+        collector.flush()
+        return
+    for row in collector.rows:
+        outer.add(row)

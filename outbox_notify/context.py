@@ -52,11 +52,26 @@ def sentry_context() -> dict[str, str]:
     return headers
 
 
-def capture(keys: frozenset[str] | _FromSettings | None = _FROM_SETTINGS) -> dict[str, Any]:
+SENTRY_HEADERS = ("sentry-trace", "baggage")
+
+
+def carries_sentry_trace(headers: Any) -> bool:
+    """Whether message headers already carry the Sentry trace (Sentry's Celery integration).
+
+    The relay adds the captured trace only to a message without these headers, so there is
+    nothing to capture for one that has them.
+    """
+    return bool(headers) and all(key in headers for key in SENTRY_HEADERS)
+
+
+def capture(
+    keys: frozenset[str] | _FromSettings | None = _FROM_SETTINGS, *, sentry: bool = True
+) -> dict[str, Any]:
     """The context to store with a new outbox row (only the parts that are non-empty).
 
     `keys` is OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS; the write side passes the value it read
-    once (see `outbox_notify.writeconf`).
+    once (see `outbox_notify.writeconf`). `sentry=False` skips the Sentry trace (the message
+    headers carry it already).
     """
     if isinstance(keys, _FromSettings):
         from outbox_notify import writeconf
@@ -66,7 +81,7 @@ def capture(keys: frozenset[str] | _FromSettings | None = _FROM_SETTINGS) -> dic
     structlog_values = structlog_context(keys)
     if structlog_values:
         context["structlog"] = structlog_values
-    sentry = sentry_context()
-    if sentry:
-        context["sentry"] = sentry
+    trace = sentry_context() if sentry else None
+    if trace:
+        context["sentry"] = trace
     return context

@@ -12,7 +12,9 @@ from django.db import models
 from django.utils import timezone
 
 from outbox_notify.fields import JSONTextField
-from outbox_notify.serialization import SCHEMA_VERSION
+
+# What a row gets by default: the layout every relay reads.
+from outbox_notify.serialization import DEFAULT_VERSION as SCHEMA_VERSION
 
 __all__ = ["SCHEMA_VERSION", "DeadLetter", "OutboxMessage"]
 

@@ -1,14 +1,15 @@
 """Writes outbox rows on the outbox alias, in the caller's transaction: one, or many at once.
 
 Both paths run on Django's connection for the alias, so they share the caller's transaction
-(and roll back with it). The single INSERT skips Django's cursor wrapper when nothing
-observes queries (no execute wrappers, no query log, no instrumentation patched in), making
-the same checks it would make; otherwise it goes through `connection.cursor()` as usual.
+(and roll back with it). Inside atomic() a single row waits for the caller's next statement
+or COMMIT and is written with the others (deferred.py). The single INSERT skips Django's
+cursor wrapper when nothing observes queries (no execute wrappers but the outbox's, no query
+log, no instrumentation patched in), making the same checks it would make; otherwise it goes
+through `connection.cursor()` as usual.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -18,9 +19,9 @@ from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
-from outbox_notify import observability, signals
+from outbox_notify import deferred, observability, signals
 from outbox_notify import sql as sql_files
-from outbox_notify.serialization import SCHEMA_VERSION, OutboxRow
+from outbox_notify.serialization import OutboxRow
 
 log = structlog.get_logger("outbox_notify")
 
@@ -28,9 +29,39 @@ _DJANGO_EXECUTE = CursorWrapper.execute
 
 
 def insert_row(row: OutboxRow, alias: str, app: Any) -> None:
-    """Insert one row on `alias`, in the caller's transaction when there is one."""
+    """Store one row on `alias`, in the caller's transaction when there is one.
+
+    Inside atomic() the row waits for the caller's next statement or COMMIT (deferred.py);
+    otherwise it is inserted now.
+    """
     connection = connections[alias]
-    _warn_outside_transaction(connection, app, row, count=1)
+    if not deferred.for_connection(connection, write_rows).add(row):
+        deferred.flush(connection)  # rows enqueued earlier go first
+        _warn_outside_transaction(connection, app, row, count=1)
+        _insert_one(connection, row)
+    _announce(connection, (row,))
+
+
+def insert_rows(rows: Sequence[OutboxRow], alias: str, app: Any) -> None:
+    """Insert many rows on `alias` with one COPY (one round trip), in the caller's transaction."""
+    if not rows:
+        return
+    connection = connections[alias]
+    deferred.flush(connection)  # rows enqueued earlier go first
+    _warn_outside_transaction(connection, app, rows[0], count=len(rows))
+    _copy(connection, rows)
+    _announce(connection, rows)
+
+
+def write_rows(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
+    """Write rows a transaction deferred: one INSERT for one row, one COPY for more."""
+    if len(rows) == 1:
+        _insert_one(connection, rows[0])
+    else:
+        _copy(connection, rows)
+
+
+def _insert_one(connection: BaseDatabaseWrapper, row: OutboxRow) -> None:
     _execute(
         connection,
         sql_files.queries()["insert_message"],
@@ -41,19 +72,13 @@ def insert_row(row: OutboxRow, alias: str, app: Any) -> None:
             "kwargs": row.kwargs,
             "options": row.options,
             "context": row.context,
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": row.schema_version,
             "retry_after": row.hold_until,
         },
     )
-    _announce(connection, (row,))
 
 
-def insert_rows(rows: Sequence[OutboxRow], alias: str, app: Any) -> None:
-    """Insert many rows on `alias` with one COPY (one round trip), in the caller's transaction."""
-    if not rows:
-        return
-    connection = connections[alias]
-    _warn_outside_transaction(connection, app, rows[0], count=len(rows))
+def _copy(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
     _prepare(connection)
     data = "".join(map(_copy_line, rows))
     with (
@@ -62,13 +87,10 @@ def insert_rows(rows: Sequence[OutboxRow], alias: str, app: Any) -> None:
         cursor.copy(sql_files.queries()["copy_messages"]) as copy,
     ):
         copy.write(data)
-    _announce(connection, rows)
 
 
 # COPY's text format: a backslash starts an escape, tab and newline end a field or a line.
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-# The last two fields: schema_version, and retry_after NULL (a row ready now).
-_READY_END = f"\t{SCHEMA_VERSION}\t\\N\n"
 
 
 def _copy_line(row: OutboxRow) -> str:
@@ -84,12 +106,15 @@ def _copy_line(row: OutboxRow) -> str:
             row.options.replace("\\", "\\\\"),
             row.context.replace("\\", "\\\\"),
         )
-    ) + (_READY_END if row.hold_until is None else _held_end(row.hold_until))
+    ) + _copy_end(row)
 
 
-def _held_end(eta: dt.datetime) -> str:
-    """schema_version and retry_after for a task held until its ETA (isoformat needs no escape)."""
-    return f"\t{SCHEMA_VERSION}\t{eta.isoformat()}\n"
+def _copy_end(row: OutboxRow) -> str:
+    """The last two fields: schema_version, and retry_after (NULL: ready now; else the ETA a
+    task is held until, whose isoformat needs no escape)."""
+    if row.hold_until is None:
+        return f"\t{row.schema_version}\t\\N\n"
+    return f"\t{row.schema_version}\t{row.hold_until.isoformat()}\n"
 
 
 def in_worker_task(app: Any) -> bool:
@@ -117,7 +142,7 @@ def _warn_outside_transaction(
 
 def _observed(connection: BaseDatabaseWrapper) -> bool:
     return (
-        bool(connection.execute_wrappers)
+        any(not deferred.is_ours(w) for w in connection.execute_wrappers)
         or connection.queries_logged
         or CursorWrapper.execute is not _DJANGO_EXECUTE
     )

@@ -9,6 +9,7 @@ that, so a worker cannot tell an outbox message from one sent directly.
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -23,10 +24,15 @@ from outbox_notify.exceptions import (
     UndecodableMessage,
 )
 
-# The layout of `options` the write side produces, and the newest the relay reads: it has a
-# decoder for every version up to this one (relay/messages.py DECODERS) and leaves rows of a
-# newer version alone (a newer relay will publish them).
-SCHEMA_VERSION = 1
+# The newest layout of `options` the relay reads: it has a decoder for every version up to
+# this one (relay/messages.py DECODERS) and leaves rows of a newer version alone (a newer relay
+# will publish them).
+SCHEMA_VERSION = 2
+# The layout of a row without result-backend calls: version 1, which every relay reads.
+DEFAULT_VERSION = 1
+# Version 2 is version 1 plus `backend_calls`: result-backend calls (a chord's size) the relay
+# makes before it publishes the row (chords.py); a relay that predates them must not take it.
+BACKEND_CALLS_VERSION = 2
 
 # kombu.Producer.publish keywords that are not message properties. retry/retry_policy and
 # the timeouts are the relay's business, so they are dropped at capture.
@@ -54,6 +60,19 @@ class OutboxRow:
     context: str
     # Stored in retry_after: the ETA of a task held in the outbox until it is due (held.py).
     hold_until: datetime | None = None
+    schema_version: int = DEFAULT_VERSION
+
+
+def with_backend_calls(row: OutboxRow, calls: list[dict[str, Any]]) -> OutboxRow:
+    """`row` carrying result-backend calls for the relay to make before publishing it."""
+    encoded = dumps(calls, "the chord's result-backend calls")
+    options = f'{row.options[:-1]}, "backend_calls": {encoded}}}'
+    return dataclasses.replace(row, options=options, schema_version=BACKEND_CALLS_VERSION)
+
+
+def new_id() -> str:
+    """A fresh unique id (for recorded calls the relay makes once)."""
+    return uuid.uuid4().hex
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -71,6 +90,8 @@ class PublishSpec:
     declare_json: list[dict[str, Any]]  # queues as stored; kombu objects built on demand
     # Fields of the `task-sent` event to publish once the task is out (task_send_sent_event).
     sent_event: dict[str, Any] | None = None
+    # Result-backend calls to make before the message goes out (schema version 2, chords.py).
+    backend_calls: list[dict[str, Any]] | None = None
 
     @property
     def declare(self) -> list[Queue]:
@@ -96,6 +117,20 @@ def dumps(value: Any, what: str) -> str:
             f"{what} cannot be stored in the outbox as JSON: {exc}. Pass JSON-serializable "
             "values (str, int, float, bool, None, list, dict, datetime, UUID, Decimal)."
         ) from exc
+
+
+def dumps_args(args: Any) -> str:
+    """Positional task arguments as stored (a JSON array, whatever sequence was given)."""
+    if not args:
+        return "[]"
+    return dumps(args if type(args) is list else list(args), "task args")
+
+
+def dumps_kwargs(kwargs: Any) -> str:
+    """Keyword task arguments as stored (a JSON object, whatever mapping was given)."""
+    if not kwargs:
+        return "{}"
+    return dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs")
 
 
 def dumps_context(context: Mapping[str, Any]) -> str:
@@ -222,8 +257,8 @@ def build_row(
     return OutboxRow(
         task_id=str(headers["id"]),
         task_name=str(headers["task"]),
-        args=dumps(args if type(args) is list else list(args), "task args"),
-        kwargs=dumps(kwargs if type(kwargs) is dict else dict(kwargs), "task kwargs"),
+        args=dumps_args(args),
+        kwargs=dumps_kwargs(kwargs),
         options=options_text(publish_kwargs, headers, embed, relative, sent_event),
         context=dumps_context(context),
         hold_until=hold_until,
@@ -286,8 +321,19 @@ def _sent_event(value: Any) -> dict[str, Any] | None:
     return value
 
 
+def _backend_calls(value: Any) -> list[dict[str, Any]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("call"), str) and isinstance(c.get("args"), list)
+        for c in value
+    ):
+        raise TypeError("backend_calls must be a list of calls with a name and arguments")
+    return value
+
+
 def decode_options(options: Mapping[str, Any]) -> PublishSpec:
-    """Decode a row's `options` (schema version 1); UndecodableMessage when it is malformed."""
+    """Decode a row's `options` (schema version 1 or 2); UndecodableMessage when malformed."""
     try:
         headers = options["headers"]
         properties = options.get("properties") or {}
@@ -307,6 +353,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             delivery_mode=options.get("delivery_mode"),
             declare_json=_declare_list(options.get("declare")),
             sent_event=_sent_event(options.get("sent_event")),
+            backend_calls=_backend_calls(options.get("backend_calls")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc

@@ -1,34 +1,50 @@
-"""The bulk fast path: later calls of one shape reuse what Celery built for the first.
+"""The template path: later calls of one shape reuse the message Celery built for the first.
 
-Inside a bulk block, the first call of a task with a given set of options goes through
-Celery's own `send_task` (routing, headers, properties, everything). Its stored `options`
-text becomes a template whose only holes are what Celery computes per call: the task id
-(also the correlation id, and the root id of a top-level task), `argsrepr`, `kwargsrepr`
-and the group index. Later calls fill the holes with Celery's own functions (`uuid`,
-`saferepr`) and return the same `AsyncResult` Celery would.
+The first call of a task with a given set of options (its *shape*) goes through Celery's own
+`send_task` (routing, headers, properties, everything). Its stored `options` text becomes a
+template whose only holes are what Celery computes per call: the task id (also the
+correlation id, and the root id of a top-level task), `argsrepr`, `kwargsrepr`, the group
+index, the `origin` (this process), `reply_to` (this thread) and the values of custom
+headers. Later calls fill the holes with Celery's own functions (`uuid`, `saferepr`,
+`anon_nodename`, `thread_oid`) and return the same `AsyncResult` Celery would.
 
-A shape is used only when nothing else could differ between two calls: no ETA, countdown,
-expiry, links, chain, chord, custom headers or stamps; routes that map names to queues (no
-router functions, which see the arguments); no publish signal receivers and no `task-sent`
-events (they see or carry each message). Anything else takes Celery's full path.
+A shape is used only when nothing else can differ between two calls: no ETA, countdown,
+expiry, links, chain, chord or stamps; custom headers whose names are not Celery's own;
+routes that map names to queues (no router functions, which see the arguments); no publish
+signal receivers and no `task-sent` events (they see or carry each message); Celery's own
+`send_task`, message builder and router (or Sentry's known wrapper around `send_task`, which
+is applied around the template path exactly as around Celery's). Anything else takes
+Celery's full path. tests/integration/test_template_equivalence.py compares both paths byte
+for byte over many shapes.
+
+Templates belong to their app and are dropped when its configuration changes (`app.conf`
+edited, or Django's `setting_changed`), since Celery reads some settings on every call.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import threading
+import weakref
 from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from celery import signals as celery_signals
-from celery.app.routes import MapRoute
+from celery.app.amqp import AMQP
+from celery.app.routes import MapRoute, Router
+from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
+from django.core.signals import setting_changed
+from kombu import Exchange, Queue
 from kombu.utils.uuid import uuid
 
-from outbox_notify import context, serialization, writeconf
+from outbox_notify import context, instrumentation, serialization, writeconf
 
 # Celery options that are computed per call; everything else is part of the shape.
-_PER_CALL = frozenset({"task_id", "group_index", "producer", "publisher", "connection"})
+_PER_CALL = ("task_id", "group_index", "producer", "publisher", "connection", "headers")
 # Options under which two calls can differ in more than the holes: the full path.
 _FULL_PATH = frozenset(
     {
@@ -39,7 +55,6 @@ _FULL_PATH = frozenset(
         "link_error",
         "chain",
         "chord",
-        "headers",
         "stamped_headers",
         "argsrepr",
         "kwargsrepr",
@@ -47,22 +62,48 @@ _FULL_PATH = frozenset(
         "route_name",
     }
 )
+# The headers Celery writes itself (celery.app.amqp.AMQP.as_task_v2): a custom header of one
+# of these names replaces Celery's value, which the template path does not attempt.
+CELERY_HEADERS = frozenset(
+    {
+        "lang",
+        "task",
+        "id",
+        "shadow",
+        "eta",
+        "expires",
+        "group",
+        "group_index",
+        "retries",
+        "timelimit",
+        "root_id",
+        "parent_id",
+        "argsrepr",
+        "kwargsrepr",
+        "origin",
+        "ignore_result",
+        "replaced_task_nesting",
+        "stamped_headers",
+        "stamps",
+    }
+)
 _SIGNALS = (
     celery_signals.before_task_publish,
     celery_signals.after_task_publish,
     celery_signals.task_sent,
 )
-_SHAPE_CACHE_SIZE = 256  # distinct shapes remembered by one bulk block
+_CACHE_SIZE = 256  # distinct shapes remembered per app
+_SCALARS = (str, int, float, bool, type(None))
+_KOMBU_ENTITIES = (Queue, Exchange)
 
 # Stand-ins for the holes while the template is encoded. NUL never survives validation in
 # a task name or id, so these cannot collide with anything else in the text.
-_HOLES = {
-    "id": "\x00outbox-id\x00",
-    "argsrepr": "\x00outbox-argsrepr\x00",
-    "kwargsrepr": "\x00outbox-kwargsrepr\x00",
-    "group_index": "\x00outbox-group-index\x00",
-}
-_ENCODED_HOLES = {encode_basestring_ascii(v): k for k, v in _HOLES.items()}
+_MARK = "\x00outbox-{}\x00"
+_FIXED_HOLES = ("id", "argsrepr", "kwargsrepr", "group_index", "origin", "reply_to")
+
+
+def _marker(hole: str) -> str:
+    return _MARK.format(hole)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,8 +111,10 @@ class Template:
     """The first message of a shape, with holes where later calls differ."""
 
     name: str
-    pieces: tuple[str, ...]  # the options text between the holes
-    holes: tuple[str, ...]  # which hole follows each piece but the last
+    holes: tuple[str, ...]  # the holes, in the order they appear in the options text
+    text: str  # the options text with {hole} fields, for str.format_map (braces doubled)
+    header_names: tuple[str, ...]  # custom headers, in the order Celery adds them
+    extra_holes: bool  # a group index or custom headers to fill
     result_cls: Any
     ignored: Any
     add_to_parent: bool
@@ -80,7 +123,9 @@ class Template:
     repr_maxlevels: int
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+# Call and Made are made for every enqueue: not frozen, as a frozen dataclass sets each field
+# through object.__setattr__. Neither is kept beyond the call.
+@dataclasses.dataclass(kw_only=True, slots=True)
 class Call:
     """One send_task call as an OutboxCelery app received it."""
 
@@ -91,73 +136,189 @@ class Call:
     options: dict[str, Any]
 
 
-class Shapes:
-    """The templates of one bulk block."""
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Made:
+    """What one enqueue produced: Celery's AsyncResult and the validated row."""
 
-    def __init__(self) -> None:
+    result: Any
+    row: serialization.OutboxRow
+
+
+class _Identity:
+    """A key part that matches only the very same object (kombu entities compare loosely)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.value is self.value
+
+
+class AppTemplates:
+    """The templates of one app, and whether its configuration allows them at all.
+
+    `templates` is keyed by the shape (`_shape_key`); `quick` by the options exactly as
+    given, for calls that have nothing per call in them (the usual `delay()`), so a repeated
+    call finds its template without working out its shape again.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
         self.templates: dict[Any, Template | None] = {}
-        # Per app: may its calls be templated at all (configuration, routes)? Read once per
-        # bulk block; a block is too short-lived to see the app reconfigured.
-        self.apps: dict[int, bool] = {}
+        self.quick: dict[Any, Template] = {}
+        self.conf: Any = None
+        self.changes: dict[str, Any] | None = None
+        self.eligible = False
 
-    def enqueue(
-        self, call: Call, settings: writeconf.WriteSettings
-    ) -> tuple[Any, serialization.OutboxRow] | None:
-        """(AsyncResult, row) for a call of a known shape; None when Celery must build it."""
-        app_ok = self.apps.get(id(call.app))
-        if app_ok is None:
-            app_ok = self.apps[id(call.app)] = _app_eligible(call.app)
-        key = _shape_key(call) if app_ok and _eligible(call) else None
-        if key is None:
-            return None
-        template = self.templates.get(key, _MISSING)
-        if template is None:
-            return None  # this shape cannot be templated: the caller takes the full path
-        if template is _MISSING:
-            return self._first(key, call, settings)
-        assert isinstance(template, Template)
-        return _fill(template, call, settings)
+    def current(self) -> bool:
+        """Whether templates may be used now; forgets them when the configuration changed."""
+        conf = self.app.conf
+        if conf is self.conf and conf.changes == self.changes:
+            return self.eligible
+        with self.lock:
+            self.templates = {}
+            self.quick = {}
+            self.eligible = _app_eligible(self.app)
+            self.conf = conf
+            self.changes = dict(conf.changes)
+        return self.eligible
 
-    def _first(
-        self, key: Any, call: Call, settings: writeconf.WriteSettings
-    ) -> tuple[Any, serialization.OutboxRow]:
-        parent = call.app.current_worker_task
-        recorder, result = call.app.recorded_send(
-            call.name, call.args, call.kwargs, dict(call.options)
-        )
-        row = call.app.row_from(recorder, {}, settings)
-        if len(self.templates) >= _SHAPE_CACHE_SIZE:
-            self.templates.clear()
-        self.templates[key] = _template(call, recorder, parent)
-        return result, row
+    def forget(self) -> None:
+        """Drop every template (Django settings changed; Celery may read them)."""
+        self.conf = None
+
+    def put(self, key: Any, template: Template | None, quick: Any) -> None:
+        with self.lock:
+            if len(self.templates) >= _CACHE_SIZE:
+                self.templates = {}
+                self.quick = {}
+            self.templates[key] = template
+            if template is not None and quick is not None:
+                self.quick[quick] = template
 
 
 _MISSING: Any = object()
+_every_app: weakref.WeakSet[AppTemplates] = weakref.WeakSet()
 
 
-def _eligible(call: Call) -> bool:
-    """Whether nothing but the holes can differ between two calls of this shape."""
-    if not isinstance(call.args, list | tuple | None):
-        return False  # Celery raises its own TypeError on the full path
-    if not isinstance(call.kwargs, Mapping | None):
-        return False
-    if any(call.options.get(k) is not None for k in _FULL_PATH):
-        return False
-    return not any(signal.receivers for signal in _SIGNALS)
+def for_app(app: Any) -> AppTemplates:
+    """The template cache of `app` (made on first use)."""
+    cache: AppTemplates | None = app.__dict__.get("_outbox_templates")
+    if cache is None:
+        cache = app.__dict__.setdefault("_outbox_templates", AppTemplates(app))
+        _every_app.add(cache)
+    return cache
 
 
-def _app_eligible(app: Any) -> bool:
-    """Whether the app's configuration lets two calls of one shape differ only in the holes."""
-    conf = app.conf
-    if conf.task_send_sent_event or conf.task_protocol != 2:
-        return False
-    return all(isinstance(route, MapRoute) for route in app.amqp.router.routes)
+def _forget_all(**kwargs: Any) -> None:
+    for cache in list(_every_app):
+        cache.forget()
 
 
-def _shape_key(call: Call) -> Any:
+setting_changed.connect(_forget_all, dispatch_uid="outbox_notify.templates")
+
+
+def enqueue(call: Call, settings: writeconf.WriteSettings) -> Made:
+    """Build the message of one call: from its shape's template, or Celery's full path.
+
+    Celery's full path is `call.app.record()`: Celery's own (unwrapped) send_task against a
+    recording producer.
+    """
+    cache = for_app(call.app)
+    if not cache.current() or not _publish_unobserved():
+        return _record(call, call.options, settings)
     parent = call.app.current_worker_task
-    items = tuple((k, v) for k, v in call.options.items() if k not in _PER_CALL)
-    key = (id(call.app), call.name, parent.request.id if parent is not None else None, items)
+    options = call.options
+    values = options.values()
+    quick: Any = (
+        call.name,
+        parent.request.id if parent is not None else None,
+        tuple(options),
+        tuple(values),
+        tuple(map(type, values)),
+    )
+    try:
+        template = cache.quick.get(quick)
+    except TypeError:  # an unhashable option: this call has a shape of its own
+        template = quick = None
+    if template is not None and _plain_arguments(call):
+        return _fill(template, call, parent, settings)
+    return _by_shape(cache, call, parent, quick=quick, settings=settings)
+
+
+def _by_shape(
+    cache: AppTemplates,
+    call: Call,
+    parent: Any,
+    *,
+    quick: Any,
+    settings: writeconf.WriteSettings,
+) -> Made:
+    key = _shape_key(call, parent)
+    if key is None:
+        return _record(call, call.options, settings)
+    template = cache.templates.get(key, _MISSING)
+    if template is _MISSING:
+        made = _record(call, dict(call.options), settings)
+        quick = quick if _quickable(call.options) else None
+        cache.put(key, _template(call, made, parent), quick)
+        return made
+    if template is None:
+        return _record(call, call.options, settings)
+    if quick is not None and _quickable(call.options):
+        cache.put(key, template, quick)
+    return _fill(template, call, parent, settings)
+
+
+def _record(call: Call, options: dict[str, Any], settings: writeconf.WriteSettings) -> Made:
+    made: Made = call.app.record(call.name, call.args, call.kwargs, options, settings)
+    return made
+
+
+def _publish_unobserved() -> bool:
+    """Whether nothing sees each message as Celery sends it (signals, unknown wrappers)."""
+    before, after, sent = _SIGNALS
+    if before.receivers or after.receivers or sent.receivers:
+        return False
+    return instrumentation.known_send_task()
+
+
+def _plain_arguments(call: Call) -> bool:
+    # Anything else makes Celery raise its own TypeError on the full path.
+    return isinstance(call.args, list | tuple | None) and isinstance(call.kwargs, Mapping | None)
+
+
+def _quickable(options: Mapping[str, Any]) -> bool:
+    """Whether the options as given can key a template (nothing per call, no kombu entity)."""
+    if any(options.get(name) is not None for name in _PER_CALL):
+        return False
+    return not any(isinstance(value, _KOMBU_ENTITIES) for value in options.values())
+
+
+def _shape_key(call: Call, parent: Any) -> Any:
+    """What must be equal for two calls to share a template; None when it cannot be shared."""
+    if not _eligible(call):
+        return None
+    options = call.options
+    shape = dict(options)
+    for name in _PER_CALL:
+        shape.pop(name, None)
+    values = _key_values(shape.values())
+    if values is None:
+        return None
+    key = (
+        call.name,
+        parent.request.id if parent is not None else None,
+        tuple(shape),
+        values,
+        tuple(options.get("headers") or ()),
+    )
     try:
         hash(key)
     except TypeError:
@@ -165,62 +326,130 @@ def _shape_key(call: Call) -> Any:
     return key
 
 
-def _template(call: Call, recorder: Any, parent: Any) -> Template | None:
+def _eligible(call: Call) -> bool:
+    """Whether nothing but the holes can differ between two calls of this call's shape."""
     options = call.options
-    given = {k: options.get(k) for k in ("task_id", "group_index")}
-    body, publish_kwargs = recorder.recorded
-    if recorder.sent_event is not None or not isinstance(body, tuple):
-        return None
-    headers = dict(publish_kwargs["headers"])
-    task_id = headers["id"]
-    if headers.get("root_id") == task_id:
-        headers["root_id"] = _HOLES["id"]
-    elif given["task_id"] is not None and task_id in (
-        headers.get("root_id"),
-        headers.get("parent_id"),
-    ):
-        return None  # a caller-chosen id that also names the root or parent: too clever
-    headers.update(id=_HOLES["id"], argsrepr=_HOLES["argsrepr"], kwargsrepr=_HOLES["kwargsrepr"])
-    if given["group_index"] is not None:
-        headers["group_index"] = _HOLES["group_index"]
-    kwargs = dict(publish_kwargs, headers=headers, correlation_id=_HOLES["id"])
-    text = serialization.options_text(kwargs, headers, body[2], {}, None)
-    pieces, holes = _split(text)
-    if pieces is None or task_id in text:
-        return None
-    amqp, conf = call.app.amqp, call.app.conf
-    return Template(
-        name=call.name,
-        pieces=pieces,
-        holes=holes,
-        result_cls=options.get("result_cls") or call.app.AsyncResult,
-        ignored=options.get("ignore_result"),
-        add_to_parent=bool(options.get("add_to_parent", True)) and parent is not None,
-        repr_maxsize=amqp.argsrepr_maxsize,
-        kwrepr_maxsize=amqp.kwargsrepr_maxsize,
-        repr_maxlevels=conf.task_repr_maxlevels,
+    if not _plain_arguments(call):
+        return False
+    if any(options[name] is not None for name in _FULL_PATH.intersection(options)):
+        return False
+    headers = options.get("headers") or {}
+    return isinstance(headers, dict) and all(
+        type(k) is str and k not in CELERY_HEADERS for k in headers
     )
 
 
-def _split(text: str) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+def _key_values(values: Any) -> tuple[Any, ...] | None:
+    parts: list[Any] = []
+    for value in values:
+        kind = type(value)
+        if kind in _SCALARS:
+            parts.append((kind, value))  # 1, 1.0 and True are equal keys, not equal JSON
+        elif isinstance(value, _KOMBU_ENTITIES):
+            parts.append(_Identity(value))  # kombu entities compare equal too loosely
+        elif isinstance(value, dict | list | set | tuple | frozenset):
+            return None  # containers hide 1/True/1.0 from the key; often built per call
+        else:
+            parts.append((kind, value))
+    return tuple(parts)
+
+
+def _app_eligible(app: Any) -> bool:
+    """Whether the app's configuration lets two calls of one shape differ only in the holes."""
+    conf = app.conf
+    if conf.task_send_sent_event or conf.task_protocol != 2 or conf.task_always_eager:
+        return False
+    amqp = app.amqp
+    if type(amqp).as_task_v2 is not AMQP.as_task_v2:
+        return False
+    if type(amqp)._create_task_sender is not getattr(AMQP, "_create_task_sender", None):
+        return False
+    if type(amqp.router) is not Router or not instrumentation.plain_super_send_task(app):
+        return False
+    routes: Any = getattr(amqp.router, "routes", None)
+    return routes is not None and all(isinstance(route, MapRoute) for route in routes)
+
+
+def _template(call: Call, made: Made, parent: Any) -> Template | None:
+    """The shape's template, or None when its first message cannot be split into holes.
+
+    The template is checked against the message it came from: filled with that call's own
+    values it must give back the recorded text byte for byte, and the task id may appear
+    nowhere but in the holes.
+    """
+    text, task_id = made.row.options, made.row.task_id
+    options = json.loads(text)
+    headers, properties = options["headers"], options["properties"]
+    header_names = tuple(call.options.get("headers") or ())
+    first = {
+        "id": task_id,
+        "argsrepr": headers.get("argsrepr"),
+        "kwargsrepr": headers.get("kwargsrepr"),
+        "origin": headers.get("origin"),
+        "reply_to": properties.get("reply_to"),
+        "group_index": headers.get("group_index"),
+        **{f"header_{i}": headers.get(name) for i, name in enumerate(header_names)},
+    }
+    if headers.get("root_id") == task_id:
+        headers["root_id"] = _marker("id")
+    headers.update(id=_marker("id"), argsrepr=_marker("argsrepr"), kwargsrepr=_marker("kwargsrepr"))
+    if not call.options.get("origin"):
+        headers["origin"] = _marker("origin")  # else a given origin, the same for the shape
+    if call.options.get("group_index") is not None:
+        headers["group_index"] = _marker("group_index")
+    for index, name in enumerate(header_names):
+        headers[name] = _marker(f"header_{index}")
+    properties["correlation_id"] = _marker("id")
+    if not call.options.get("reply_to"):
+        properties["reply_to"] = _marker("reply_to")  # else a given reply_to (group members)
+    marked = serialization.dumps(options, "task options")
+    pieces, holes = _split(marked, len(header_names))
+    if pieces is None or task_id in marked:
+        return None
+    amqp = call.app.amqp
+    template = Template(
+        name=call.name,
+        holes=holes,
+        text=_format_text(pieces, holes),
+        header_names=header_names,
+        extra_holes=bool(header_names) or "group_index" in holes,
+        result_cls=call.options.get("result_cls") or call.app.AsyncResult,
+        ignored=call.options.get("ignore_result"),
+        add_to_parent=bool(call.options.get("add_to_parent", True)) and parent is not None,
+        repr_maxsize=amqp.argsrepr_maxsize,
+        kwrepr_maxsize=amqp.kwargsrepr_maxsize,
+        repr_maxlevels=call.app.conf.task_repr_maxlevels,
+    )
+    encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
+    return template if template.text.format_map(encoded) == text else None
+
+
+def _format_text(pieces: tuple[str, ...], holes: tuple[str, ...]) -> str:
+    escaped = [piece.replace("{", "{{").replace("}", "}}") for piece in pieces]
+    fields = [f"{{{hole}}}" for hole in holes]
+    return "".join(p + f for p, f in zip(escaped, [*fields, ""], strict=True))
+
+
+def _split(text: str, header_count: int) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
+    encoded = {
+        encode_basestring_ascii(_marker(h)): h
+        for h in (*_FIXED_HOLES, *(f"header_{i}" for i in range(header_count)))
+    }
     pieces: list[str] = []
     holes: list[str] = []
     rest = text
     while True:
-        found = [(rest.find(enc), enc) for enc in _ENCODED_HOLES if enc in rest]
+        found = [(rest.find(enc), enc) for enc in encoded if enc in rest]
         if not found:
             break
-        position, encoded = min(found)
+        position, marker = min(found)
         pieces.append(rest[:position])
-        holes.append(_ENCODED_HOLES[encoded])
-        rest = rest[position + len(encoded) :]
+        holes.append(encoded[marker])
+        rest = rest[position + len(marker) :]
     pieces.append(rest)
     if any("\\u0000outbox-" in piece for piece in pieces):
         return None, ()
     return tuple(pieces), tuple(holes)
-
-
-_SCALARS = (int, float, bool)
 
 
 def _scalar_repr(value: Any) -> str | None:
@@ -229,7 +458,7 @@ def _scalar_repr(value: Any) -> str | None:
         text: str = value
         # saferepr quotes text with single quotes and escapes only those (not repr()).
         return "'" + text.replace("'", "\\'") + "'"
-    if kind in _SCALARS:
+    if kind is int or kind is float or kind is bool:
         return str(value)
     if value is None:
         return "None"
@@ -269,13 +498,26 @@ def argsrepr(value: Any, maxlen: int, maxlevels: int) -> str:
     return saferepr(value, maxlen, maxlevels=maxlevels)
 
 
-def _fill(
-    template: Template, call: Call, settings: writeconf.WriteSettings
-) -> tuple[Any, serialization.OutboxRow]:
+def origin() -> str:
+    """Celery's `origin` header for this process, JSON-encoded.
+
+    anon_nodename() is made of the pid and the host name, which Celery reads once per
+    process (celery.utils.nodenames memoizes gethostname): one text per pid.
+    """
+    pid = os.getpid()
+    text = _origins.get(pid)
+    if text is None:
+        _origins.clear()
+        text = _origins[pid] = encode_basestring_ascii(anon_nodename())
+    return text
+
+
+_origins: dict[int, str] = {}
+
+
+def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]:
     args = call.args or ()
     kwargs = call.kwargs or {}
-    options = call.options
-    task_id = options.get("task_id") or uuid()
     values = {
         "id": encode_basestring_ascii(task_id),
         "argsrepr": encode_basestring_ascii(
@@ -284,23 +526,43 @@ def _fill(
         "kwargsrepr": encode_basestring_ascii(
             argsrepr(kwargs, template.kwrepr_maxsize, template.repr_maxlevels)
         ),
-        "group_index": str(options.get("group_index")),
+        "origin": origin(),
+        "reply_to": encode_basestring_ascii(call.app.thread_oid),
     }
-    parts = [template.pieces[0]]
-    for hole, piece in zip(template.holes, template.pieces[1:], strict=True):
-        parts.append(values[hole])
-        parts.append(piece)
+    if template.extra_holes:
+        options = call.options
+        group_index = options.get("group_index")
+        values["group_index"] = (
+            str(group_index)
+            if type(group_index) is int
+            else serialization.dumps(group_index, "task options")
+        )
+        headers = options.get("headers") or {}
+        for index, name in enumerate(template.header_names):
+            values[f"header_{index}"] = serialization.dumps(headers[name], "task options")
+    return values
+
+
+def _fill(template: Template, call: Call, parent: Any, settings: writeconf.WriteSettings) -> Made:
+    task_id = call.options.get("task_id") or uuid()
+    args = call.args or ()
+    kwargs = call.kwargs or {}
     row = serialization.OutboxRow(
         task_id=task_id,
         task_name=template.name,
-        args=serialization.dumps(list(args), "task args"),
-        kwargs=serialization.dumps(dict(kwargs), "task kwargs"),
-        options="".join(parts),
-        context=serialization.dumps_context(context.capture(settings.structlog_keys)),
+        args=serialization.dumps_args(args),
+        kwargs=serialization.dumps_kwargs(kwargs),
+        options=template.text.format_map(_hole_values(template, call, task_id)),
+        context=serialization.dumps_context(
+            context.capture(
+                settings.structlog_keys,
+                sentry=not context.carries_sentry_trace(call.options.get("headers")),
+            )
+        ),
     )
     serialization.validate_row(row)
     result = template.result_cls(task_id)
     result.ignored = template.ignored
     if template.add_to_parent:
-        call.app.current_worker_task.add_trail(result)
-    return result, row
+        parent.add_trail(result)
+    return Made(result=result, row=row)

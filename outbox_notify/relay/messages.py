@@ -99,11 +99,19 @@ def _decode_v1(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
     )
 
 
+def _decode_v2(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Schema version 2: version 1 plus `backend_calls` (made by relay/chords.py first)."""
+    message = _decode_v1(row, now)
+    if not message.spec.backend_calls:
+        raise UndecodableMessage("a version 2 row carries no backend_calls")
+    return message
+
+
 Decoder = Callable[[ClaimedRow, dt.datetime], OutgoingMessage]
 
 # One decoder per schema_version ever released, never removed (docs/install.md, "Adding a
 # schema version"); tests/integration/test_schema_versions.py publishes a frozen row of each.
-DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1})
+DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1, 2: _decode_v2})
 
 
 def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:

@@ -15,6 +15,7 @@ from typing import Any
 
 from outbox_notify import conf, metrics, observability
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
+from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
@@ -60,8 +61,12 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         config,
         store=ClaimStore(params, stale_timeout=config.stale_timeout),
         listener=listener,
-        publisher=SentEventPublisher(
-            RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)), app
+        publisher=ChordPublisher(
+            SentEventPublisher(
+                RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)),
+                app,
+            ),
+            app,
         ),
         metrics=metrics.from_settings(),
         reporters=reporters(),

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import celery
 import pytest
 from celery import group
 from django.db import transaction
 
 from outbox_notify import OutboxCelery, bulk, rows
+from outbox_notify.app import RecordingProducer
 from outbox_notify.exceptions import SerializationError
 from outbox_notify.models import OutboxMessage
 from tests.celery_app import add, app
@@ -66,19 +66,19 @@ def test_bulk_rows_are_exactly_what_single_calls_store(
 ) -> None:
     """Fast-path rows equal full-path rows, byte for byte once the task ids are aligned."""
     with transaction.atomic():
-        send("single-1")
+        send("single-1")  # Celery builds the message; it becomes the shape's template
     built: list[str] = []
-    real_send = celery.Celery.send_task
+    real_publish = RecordingProducer.publish
 
-    def spy(self: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        built.append(name)
-        return real_send(self, name, *args, **kwargs)
+    def spy(self: RecordingProducer, body: Any, **kwargs: Any) -> None:
+        built.append(kwargs["headers"]["id"])
+        real_publish(self, body, **kwargs)
 
-    monkeypatch.setattr(celery.Celery, "send_task", spy)
+    monkeypatch.setattr(RecordingProducer, "publish", spy)
     with bulk():
-        for n in range(3):  # the first builds the template; the others use it
+        for n in range(3):
             send(f"bulk-{n}")
-    assert len(built) == 1  # Celery built the first message only
+    assert built == []  # every bulk call reused the template
     by_id = {row.task_id: row for row in OutboxMessage.objects.all()}
     single = by_id["single-1"]
     for n in range(3):

@@ -7,7 +7,7 @@ with the current relay, so each older version's rows stay publishable.
 
     DJANGO_SETTINGS_MODULE=tests.settings OUTBOX_TEST_DB_NAME=dbname \\
         OUTBOX_TEST_DATABASE_URL=postgresql://postgres@127.0.0.1:5432/postgres \\
-        .venv/bin/python -m tests.schema_rows.capture > tests/schema_rows/v1.json
+        .venv/bin/python -m tests.schema_rows.capture 2 > tests/schema_rows/v2.json
 
 Each sample pairs a call with what the worker must receive for it; the queue is the
 placeholder QUEUE, which the test replaces with a queue of its own. Nothing is committed: the
@@ -35,7 +35,7 @@ class _Rollback(Exception):
 
 def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
     import structlog
-    from celery import chain
+    from celery import chain, chord
 
     from tests.celery_app import add, fail, record
 
@@ -105,6 +105,14 @@ def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
             {"args": tagged_args, "kwargs": {"when": WHEN}},
         ),
         ("context", context_call, {"args": [4, 4], "kwargs": {}}),
+        (
+            # Version 2: a chord's header row, carrying the chord's result-backend calls.
+            "chord-header",
+            lambda: chord([add.s(1, 1).set(queue=QUEUE)])(add.s(5).set(queue=QUEUE)).parent.results[
+                0
+            ],
+            {"args": [1, 1], "kwargs": {}},
+        ),
     ]
 
 
@@ -122,18 +130,18 @@ def _read_row(task_id: str) -> dict[str, Any]:
     return dict(zip(names, values, strict=True))
 
 
-def capture() -> dict[str, Any]:
-    """The fixture: the schema version and each sample's stored columns and expectation."""
+def capture(version: int) -> dict[str, Any]:
+    """The fixture of `version`: each sample stored in that layout, with its expectation."""
     from django.db import transaction
     from kombu.utils import json as kombu_json
-
-    from outbox_notify.serialization import SCHEMA_VERSION
 
     rows: list[dict[str, Any]] = []
     try:
         with transaction.atomic():
             for name, call, wanted in _samples():
                 row = _read_row(call().id)
+                if row["schema_version"] != version:
+                    continue
                 # The trace headers the writer captured must reach the worker as headers.
                 sentry = json.loads(row["context"]).get("sentry", {})
                 expect = {**wanted, "headers": {**wanted.get("headers", {}), **sentry}}
@@ -142,14 +150,17 @@ def capture() -> dict[str, Any]:
     except _Rollback:
         pass
     # The expectations go through kombu's encoder so datetimes and UUIDs keep their tags.
-    return {"schema_version": SCHEMA_VERSION, "rows": json.loads(kombu_json.dumps(rows))}
+    return {"schema_version": version, "rows": json.loads(kombu_json.dumps(rows))}
 
 
 def main() -> None:
     import django
 
     django.setup()
-    json.dump(capture(), sys.stdout, indent=2, sort_keys=True)
+    from outbox_notify.serialization import SCHEMA_VERSION
+
+    version = int(sys.argv[1]) if len(sys.argv) > 1 else SCHEMA_VERSION
+    json.dump(capture(version), sys.stdout, indent=2, sort_keys=True)
     sys.stdout.write("\n")
 
 

@@ -1,0 +1,158 @@
+"""Rows written just before the caller's next statement or its COMMIT, not at the call.
+
+Inside `transaction.atomic()` a `delay()` keeps its (already validated) row in memory on
+the Django connection of the outbox alias, and the rows are written:
+
+- before any other statement runs on that connection (an execute wrapper, so statements
+  reach PostgreSQL in the order the caller issued them, and a query of the outbox table in
+  the same transaction sees its rows), except `RELEASE SAVEPOINT`, which changes nothing
+  for them;
+- before COMMIT (the connection's `_commit`), so they commit with the transaction or the
+  commit fails;
+- when MAX_PENDING rows wait.
+
+A rollback (`_rollback`) forgets them, as the database would. Many rows go in one COPY, one
+in one INSERT: a transaction that enqueues N tasks pays one round trip for all of them, and
+a call pays none.
+
+What can still fail when the rows are written is the database itself (connection lost,
+statement or lock timeout, disk full, a missing table or privilege): never the row, which is
+checked at the call (JSON, NUL characters, size, and ASCII id and name, which every server
+encoding stores). Such a failure is raised by the statement or the COMMIT that wrote the
+rows, with a note saying so, and the transaction rolls back as for any failed statement.
+
+Rows are written at the call instead when deferring could change what the caller sees:
+outside `atomic()` (autocommit), in a transaction that already failed, while Django logs
+queries (DEBUG, `assertNumQueries`), and for a non-ASCII task id or name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg import pq
+
+from outbox_notify.serialization import OutboxRow
+
+log = structlog.get_logger("outbox_notify")
+
+MAX_PENDING = 5_000  # rows kept in memory before they are written anyway
+_STATE = "_outbox_notify_deferred"
+_INERROR = pq.TransactionStatus.INERROR
+_RELEASE = "RELEASE SAVEPOINT "
+
+Writer = Callable[[BaseDatabaseWrapper, Sequence[OutboxRow]], None]
+
+
+class Deferred:
+    """The rows one Django connection owes the outbox table, and the hooks that write them."""
+
+    def __init__(self, connection: BaseDatabaseWrapper, writer: Writer) -> None:
+        self.connection = connection
+        self.writer = writer
+        self.rows: list[OutboxRow] = []
+        self.raw: Any = None  # the psycopg connection the rows belong to
+        self.original_commit: Callable[[], Any] = connection._commit  # type: ignore[attr-defined]
+        self.original_rollback: Callable[[], Any] = connection._rollback  # type: ignore[attr-defined]
+
+    def add(self, row: OutboxRow) -> bool:
+        """Keep `row` for later; False when it must be written now (see the module docstring)."""
+        connection = self.connection
+        raw = connection.connection
+        if (
+            raw is None
+            or not connection.in_atomic_block
+            or connection.needs_rollback
+            or connection.closed_in_transaction
+            or connection.queries_logged
+            or raw.closed
+            or raw.pgconn.transaction_status == _INERROR
+            or not (row.task_id.isascii() and row.task_name.isascii())
+        ):
+            return False
+        connection.validate_thread_sharing()
+        if raw is not self.raw:
+            self.rows = []  # rows of a connection closed since: lost with its transaction
+            self.raw = raw
+        self.rows.append(row)
+        if len(self.rows) >= MAX_PENDING:
+            self.flush()
+        return True
+
+    def flush(self) -> None:
+        """Write the rows that wait, now (one round trip)."""
+        rows, self.rows = self.rows, []
+        if not rows:
+            return
+        raw = self.connection.connection
+        if raw is not self.raw or raw is None or raw.closed:
+            return  # the connection, and its transaction, are gone: so are the rows
+        if raw.pgconn.transaction_status == _INERROR:
+            return  # the transaction failed; it can only roll back, taking the rows along
+        try:
+            self.writer(self.connection, rows)
+        except Exception as exc:
+            exc.add_note(f"outbox-notify: raised while writing {len(rows)} deferred outbox rows")
+            log.error(
+                "outbox.deferred_write_failed",
+                count=len(rows),
+                database=self.connection.alias,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            raise
+
+    def discard(self) -> None:
+        """Forget the rows that wait (their transaction rolled back)."""
+        self.rows = []
+
+    def __call__(
+        self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
+    ) -> Any:
+        """The execute wrapper: write the waiting rows before the caller's statement."""
+        if self.rows and not (isinstance(sql, str) and sql.startswith(_RELEASE)):
+            self.flush()
+        return execute(sql, params, many, context)
+
+    def commit(self) -> Any:
+        """The connection's `_commit`: the rows first, then COMMIT."""
+        self.flush()
+        return self.original_commit()
+
+    def rollback(self) -> Any:
+        """The connection's `_rollback`: the rows are forgotten with the transaction."""
+        self.discard()
+        return self.original_rollback()
+
+
+def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
+    """The Deferred of `connection`, hooked in on first use (once per connection object)."""
+    state: Deferred | None = connection.__dict__.get(_STATE)
+    if state is None:
+        state = Deferred(connection, writer)
+        # First in the list: Django's execute_wrapper() context manager pops the last one.
+        connection.execute_wrappers.insert(0, state)
+        connection._commit = state.commit  # type: ignore[attr-defined]
+        connection._rollback = state.rollback  # type: ignore[attr-defined]
+        connection.__dict__[_STATE] = state
+    return state
+
+
+def pending(connection: BaseDatabaseWrapper) -> Deferred | None:
+    """The Deferred of `connection` if it has one (nothing is hooked in otherwise)."""
+    state: Deferred | None = connection.__dict__.get(_STATE)
+    return state
+
+
+def flush(connection: BaseDatabaseWrapper) -> None:
+    """Write what `connection` owes the outbox table now (before writing past it)."""
+    state = pending(connection)
+    if state is not None and state.rows:
+        state.flush()
+
+
+def is_ours(wrapper: Any) -> bool:
+    """Whether an execute wrapper is the outbox's (which observes nothing)."""
+    return isinstance(wrapper, Deferred)

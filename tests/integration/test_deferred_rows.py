@@ -1,0 +1,206 @@
+"""Rows wait for the caller's next statement or COMMIT, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+
+from outbox_notify import bulk, deferred, rows
+from outbox_notify.models import OutboxMessage
+from outbox_notify.serialization import OutboxRow
+from tests.celery_app import add, app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+# transaction=True throughout: these tests are about what a commit or a rollback leaves in
+# the table, which a test wrapped in one rolled-back transaction could not show.
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of every write of deferred rows (one entry per round trip)."""
+    sizes: list[int] = []
+    real = rows.write_rows
+
+    def counting(conn: Any, batch: Sequence[OutboxRow]) -> None:
+        sizes.append(len(batch))
+        real(conn, batch)
+
+    monkeypatch.setattr(rows, "write_rows", counting)
+    state = deferred.pending(connections["default"])
+    if state is not None:
+        monkeypatch.setattr(state, "writer", counting)
+    return sizes
+
+
+def raw_count() -> int:
+    """Rows of the outbox table as this transaction sees them, bypassing Django's cursor."""
+    cursor = connection.connection.execute("SELECT count(*) FROM outbox_notify_message_v1")
+    found = cursor.fetchone()
+    assert found is not None
+    return int(found[0])
+
+
+def test_a_row_waits_for_the_callers_next_statement(writes: list[int]) -> None:
+    """The INSERT is not sent at the call; the next statement (here a query of it) sends it."""
+    with transaction.atomic():
+        add.delay(1, 1)
+        assert writes == []
+        assert raw_count() == 0  # nothing reached PostgreSQL yet
+        assert OutboxMessage.objects.count() == 1  # the query wrote it first, then saw it
+        assert writes == [1]
+
+
+def test_a_transaction_writes_its_rows_in_one_round_trip_before_commit(writes: list[int]) -> None:
+    """100 calls in one transaction: one COPY when it commits, every row committed."""
+    with transaction.atomic():
+        results = [add.delay(i, i) for i in range(100)]
+        assert writes == []
+    assert writes == [100]
+    assert set(OutboxMessage.objects.values_list("task_id", flat=True)) == {r.id for r in results}
+
+
+def test_a_rollback_forgets_the_rows_and_the_next_transaction_starts_clean() -> None:
+    """Rolled back before anything was written: nothing remains, and nothing leaks forward."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.delay(1, 1)
+        raise RuntimeError("roll back")
+    with transaction.atomic():
+        kept = add.delay(2, 2)
+    assert list(OutboxMessage.objects.values_list("task_id", flat=True)) == [kept.id]
+
+
+def test_a_savepoint_rollback_drops_only_the_rows_after_it() -> None:
+    """An inner atomic() that raises loses its rows; the outer block's rows commit."""
+    with transaction.atomic():
+        kept = add.delay(1, 1)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            add.delay(2, 2)
+            raise RuntimeError("roll back the savepoint")
+        also = add.delay(3, 3)
+    assert set(OutboxMessage.objects.values_list("task_id", flat=True)) == {kept.id, also.id}
+
+
+def test_a_released_savepoint_leaves_its_rows_waiting_and_a_new_one_writes_them(
+    writes: list[int],
+) -> None:
+    """RELEASE SAVEPOINT changes nothing for waiting rows; creating a savepoint writes them
+    first (a later ROLLBACK TO it must not take them along)."""
+    with transaction.atomic():
+        add.delay(0, 0)
+        with transaction.atomic():  # SAVEPOINT: the waiting row is written before it
+            add.delay(1, 1)
+        assert writes == [1]  # the RELEASE did not write the inner block's row
+        add.delay(2, 2)
+    assert writes == [1, 2]
+    assert OutboxMessage.objects.count() == 3
+
+
+@pytest.fixture
+def locked_table() -> Iterator[None]:
+    """Another session holds the outbox table locked, so an INSERT into it waits."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**params) as other:
+        other.execute("LOCK TABLE outbox_notify_message_v1 IN ACCESS EXCLUSIVE MODE")
+        yield
+        other.rollback()
+
+
+def test_a_database_failure_when_writing_fails_the_commit_and_keeps_nothing(
+    locked_table: None,
+) -> None:
+    """The rows cannot be written (lock timeout): COMMIT raises, saying why; nothing commits."""
+    with pytest.raises(OperationalError) as failed, transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '200ms'")
+        add.delay(1, 1)
+    assert "deferred outbox rows" in "".join(getattr(failed.value, "__notes__", []))
+
+
+def test_a_database_failure_surfaces_at_the_next_statement(locked_table: None) -> None:
+    """The next statement raises the write's error (with the note) before it runs itself."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '200ms'")
+        add.delay(1, 1)
+        with pytest.raises(OperationalError) as failed, connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        transaction.set_rollback(True)
+    assert "deferred outbox rows" in "".join(getattr(failed.value, "__notes__", []))
+
+
+def test_in_a_failed_transaction_the_call_itself_raises() -> None:
+    """After a failed statement the call raises at once, as an INSERT at the call would."""
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        with pytest.raises(DatabaseError, match="current transaction is aborted"):
+            add.delay(1, 1)
+        transaction.set_rollback(True)
+
+
+def test_a_transaction_marked_for_rollback_refuses_the_call() -> None:
+    """After an inner atomic(savepoint=False) failed, Django's refusal comes at the call."""
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic(savepoint=False):
+            raise RuntimeError("inner failure")
+        with pytest.raises(TransactionManagementError):
+            add.delay(1, 1)
+
+
+def test_while_django_logs_queries_rows_are_written_at_the_call() -> None:
+    """assertNumQueries and DEBUG see the INSERT where the call is, as before."""
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        add.delay(1, 1)
+        assert any("INSERT INTO outbox_notify_message_v1" in q["sql"] for q in queries)
+
+
+def test_a_non_ascii_task_name_is_written_at_the_call() -> None:
+    """A name only some server encodings can store is tried at the call, not later."""
+    with transaction.atomic():
+        app.send_task("tâche.à.faire", (1,))
+        assert raw_count() == 1
+
+
+def test_waiting_rows_are_bounded(monkeypatch: pytest.MonkeyPatch, writes: list[int]) -> None:
+    """Past MAX_PENDING rows the waiting ones are written (memory stays bounded)."""
+    monkeypatch.setattr(deferred, "MAX_PENDING", 3)
+    with transaction.atomic():
+        for i in range(7):
+            add.delay(i, i)
+        assert writes == [3, 3]
+    assert writes == [3, 3, 1]
+    assert OutboxMessage.objects.count() == 7
+
+
+def test_rows_keep_the_order_of_the_calls_across_single_calls_and_bulk() -> None:
+    """Waiting rows are written before a bulk block's rows: ids follow the calls."""
+    with transaction.atomic():
+        ids = [add.delay(0, 0).id]
+        with bulk():
+            ids += [add.delay(i, i).id for i in (1, 2)]
+        ids.append(add.delay(3, 3).id)
+    stored = list(OutboxMessage.objects.order_by("id").values_list("task_id", flat=True))
+    assert stored == ids
+
+
+def test_a_users_execute_wrapper_is_unaffected() -> None:
+    """connection.execute_wrapper() blocks see every statement and remove only themselves."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        add.delay(1, 1)  # hooks the outbox in first
+        with connection.execute_wrapper(wrapper):
+            add.delay(2, 2)
+            assert OutboxMessage.objects.count() == 2
+    assert [deferred.is_ours(w) for w in connections["default"].execute_wrappers] == [True]
+    assert any("outbox_notify_message_v1" in sql for sql in seen)
