@@ -21,3 +21,6 @@ outbox_message_sent = Signal()
 outbox_message_failed = Signal()
 # task_ids, task_names: rows moved to the dead-letter table.
 outbox_message_dead_lettered = Signal()
+# task_id, task_name, scope, key, first_task_id: a OnceTask delivery found its key committed
+# and skipped its body (sent in the worker, after the skip).
+outbox_duplicate_skipped = Signal()

@@ -17,6 +17,8 @@ app.conf.update(
     broker_connection_retry_on_startup=False,
     broker_connection_timeout=3,
     enable_utc=True,
+    # The OnceTask tasks; a module of their own, imported by the worker at start.
+    include=["tests.once_tasks"],
 )
 
 
