@@ -193,18 +193,16 @@ def collect_stats(connection: Any, *, exact_limit: int = stats.EXACT_LIMIT) -> I
         if not _scalar(cur, "inbox_installed"):
             return InboxStats(records=None, records_exact=True, oldest_seconds=None)
         records, exact = _count(cur, exact_limit)
-        oldest = _scalar(cur, "oldest_record")
-        return InboxStats(
-            records=records,
-            records_exact=exact,
-            oldest_seconds=None if oldest is None else float(oldest),
-        )
+        oldest = float(_scalar(cur, "oldest_record") or 0.0)
+        return InboxStats(records=records, records_exact=exact, oldest_seconds=oldest)
 
 
 def format_text(figures: InboxStats) -> str:
     """The inbox lines of `outbox_stats`' text form; estimates are marked with '~'."""
     if figures.records is None:
         return "inbox_records          (not installed: run migrate)"
-    oldest = "-" if figures.oldest_seconds is None else f"{figures.oldest_seconds:.1f}"
     mark = "" if figures.records_exact else "~"
-    return f"inbox_records          {mark}{figures.records}\ninbox_oldest_seconds   {oldest}"
+    return (
+        f"inbox_records          {mark}{figures.records}\n"
+        f"inbox_oldest_seconds   {figures.oldest_seconds or 0.0:.1f}"
+    )

@@ -95,7 +95,8 @@ class OnceTask(TaskBase):
         self, args: tuple[Any, ...], kwargs: dict[str, Any], task_id: str | None
     ) -> inbox.OnceKey:
         """The scope and key a delivery with these arguments records; OnceKeyError if unfit."""
-        scope = inbox.checked_key(self.once_scope or self.name, "the once scope")
+        scope = self.name if self.once_scope is None else self.once_scope
+        scope = inbox.checked_key(scope, "the once scope")
         if self.once_key is None:
             return inbox.OnceKey(
                 scope=scope, key=inbox.checked_key(task_id, "the task id"), derived=False

@@ -22,7 +22,7 @@ SELECT count(*) FROM (SELECT 1 FROM outbox_notify_inbox_v1 LIMIT %(limit)s) AS c
 EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_inbox_v1;
 
 -- name: oldest_record
--- Age of the oldest key, through the created_at index.
+-- Age of the oldest key (0 when there is none), through the created_at index.
 SELECT greatest(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
 FROM outbox_notify_inbox_v1;
 
