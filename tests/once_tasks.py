@@ -75,6 +75,14 @@ def effect(
     return marker
 
 
+@app.task(name=PREFIX + "late", base=OnceTask, bind=True, acks_late=True)
+def late(self: Any, marker: str) -> str:
+    """acks_late: write an effect, then sleep OUTBOX_TEST_BODY_SLEEP seconds (a worker to kill)."""
+    write_effect(self, marker)
+    time.sleep(float(os.environ.get("OUTBOX_TEST_BODY_SLEEP", "0")))
+    return marker
+
+
 @app.task(name=PREFIX + "retry", base=OnceTask, bind=True, max_retries=MAX_RETRIES)
 def retrying(self: Any, marker: str, failures: int) -> int:
     """Write an effect, then self.retry() until `failures` attempts have failed."""
@@ -137,6 +145,7 @@ def _delivered(sender: Any = None, task_id: str = "", args: Any = (), **_: Any) 
             "id": task_id,
             "args": list(args),
             "at": time.time(),
+            "pid": os.getpid(),
         }
     )
 
