@@ -17,6 +17,7 @@ See docs/once.md for what this covers and what it does not.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import celery
 import structlog
 from celery.exceptions import Ignore, Retry
+from celery.utils.time import get_exponential_backoff_interval
 from django.db import connections, transaction
 
 from outbox_notify import conf, inbox, observability, signals
@@ -59,6 +61,15 @@ class _RetryAfterRollback(Retry):
     def __init__(self, options: dict[str, Any]) -> None:
         super().__init__("retry once the body's transaction has rolled back", options.get("exc"))
         self.options = options
+
+
+@dataclasses.dataclass(slots=True)
+class _Attempt:
+    """What one delivery's transaction ended with, for what OnceTask does after it."""
+
+    body_raised: bool = False
+    retry: dict[str, Any] | None = None
+    conflict: inbox.KeyConflict | None = None
 
 
 class OnceTask(TaskBase):
@@ -155,29 +166,58 @@ class OnceTask(TaskBase):
     ) -> Any:
         """Record the key and run the body in one transaction, or skip, or retry."""
         alias = conf.database_alias()
-        retry_options: dict[str, Any] | None = None
-        conflict: inbox.KeyConflict | None = None
+        attempt = _Attempt()
         try:
             with transaction.atomic(using=alias):
                 if inbox.record(connections[alias], key, task_id=task_id, task_name=self.name):
-                    return self._run_body(task_id, args, kwargs)
+                    return self._run_body(attempt, task_id, args, kwargs)
         except _RetryAfterRollback as deferred:
-            retry_options = deferred.options
+            attempt.retry = deferred.options
         except inbox.KeyConflict as exc:
-            conflict = exc
+            attempt.conflict = exc
+        except Exception as exc:
+            # The body's own exceptions went through Celery's autoretry already; these come
+            # from the key insert or the commit, which Celery's wrapper of run() never sees.
+            if attempt.body_raised or not self._autoretries(exc):
+                raise
+            attempt.retry = {"exc": exc, **self._autoretry_options()}
         # Outside the except clauses, so nothing raised from here on chains onto them.
-        if retry_options is not None:
-            self._retry_after_rollback(alias, retry_options)
-        self._skip(alias, key, task_id, conflict)
+        if attempt.retry is not None:
+            self._retry_after_rollback(alias, attempt.retry)
+        self._skip(alias, key, task_id, attempt.conflict)
 
-    def _run_body(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_body(
+        self, attempt: _Attempt, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         token = _RUNNING.set(task_id)
         try:
             # What Celery's tracer calls for a task without a custom __call__; its request is
             # already pushed.
             return self.run(*args, **kwargs)
+        except BaseException:
+            attempt.body_raised = True
+            raise
         finally:
             _RUNNING.reset(token)
+
+    def _autoretries(self, exc: Exception) -> bool:
+        """Whether the task's autoretry_for (minus dont_autoretry_for) covers `exc`."""
+        retry_on = tuple(getattr(self, "autoretry_for", ()) or ())
+        never = tuple(getattr(self, "dont_autoretry_for", ()) or ())
+        return bool(retry_on) and isinstance(exc, retry_on) and not isinstance(exc, never)
+
+    def _autoretry_options(self) -> dict[str, Any]:
+        """retry() arguments as Celery's autoretry computes them (retry_kwargs, backoff)."""
+        options = dict(getattr(self, "retry_kwargs", None) or {})
+        backoff = float(getattr(self, "retry_backoff", False) or 0)
+        if backoff:
+            options["countdown"] = get_exponential_backoff_interval(
+                factor=int(max(1.0, backoff)),
+                retries=self.request.retries,
+                maximum=int(getattr(self, "retry_backoff_max", 600)),
+                full_jitter=bool(getattr(self, "retry_jitter", True)),
+            )
+        return options
 
     def _retry_after_rollback(self, alias: str, options: dict[str, Any]) -> NoReturn:
         """Send the retry (through the outbox, in a transaction of its own), then raise it."""

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from celery import signals
+from django.db import IntegrityError
 
 from outbox_notify import OnceTask
 from tests.celery_app import app, record
@@ -104,6 +105,28 @@ def autoretrying(self: Any, marker: str, failures: int) -> int:
     write_effect(self, marker)
     if self.request.retries < failures:
         raise RuntimeError(f"{marker} attempt {self.request.retries} fails")
+    return int(self.request.retries)
+
+
+def _collide_at_commit() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO testapp_deferred_unique (value) VALUES (1), (1)")
+
+
+@app.task(
+    name=PREFIX + "commit_fails",
+    base=OnceTask,
+    bind=True,
+    autoretry_for=(IntegrityError,),
+    retry_kwargs={"countdown": RETRY_COUNTDOWN, "max_retries": MAX_RETRIES},
+)
+def commit_fails(self: Any, marker: str, failures: int) -> int:
+    """Write an effect; until `failures` attempts failed, also a conflict PostgreSQL finds at COMMIT."""
+    write_effect(self, marker)
+    if self.request.retries < failures:
+        _collide_at_commit()
     return int(self.request.retries)
 
 

@@ -27,6 +27,7 @@ from tests.once_tasks import (
     MAX_RETRIES,
     Gate,
     autoretrying,
+    commit_fails,
     confirm_order,
     effect,
     retrying,
@@ -148,6 +149,13 @@ def test_autoretry_for_rolls_back_every_failed_attempt() -> None:
     result = autoretrying.apply(("auto", 3))
     assert (result.state, result.result) == (states.SUCCESS, 3)
     assert [e.attempt for e in effects("auto")] == [3]
+
+
+def test_autoretry_for_covers_a_failing_commit() -> None:
+    """An error raised by COMMIT (after the body returned) is retried by autoretry_for too."""
+    result = commit_fails.apply(("at-commit", 2))
+    assert (result.state, result.result) == (states.SUCCESS, 2)
+    assert [e.attempt for e in effects("at-commit")] == [2]
 
 
 def test_retries_exhausted_leave_no_key_and_no_effect() -> None:

@@ -18,3 +18,22 @@ class Effect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.marker}[{self.task_id}]"
+
+
+class DeferredUnique(models.Model):
+    """A unique value checked at COMMIT: lets a body fail after it returned."""
+
+    value = models.IntegerField()
+
+    class Meta:
+        db_table = "testapp_deferred_unique"
+        constraints = (
+            models.UniqueConstraint(
+                fields=("value",),
+                name="testapp_deferred_unique_value",
+                deferrable=models.Deferrable.DEFERRED,
+            ),
+        )
+
+    def __str__(self) -> str:
+        return str(self.value)
