@@ -12,6 +12,9 @@ the worker's clock (CLOCK_MONOTONIC), and a few warm-up tasks precede it. Kinds:
     plain_noop / once_noop                  an empty body
     plain_row / plain_row_atomic / once_row one INSERT (autocommit / in atomic() / OnceTask)
 
+Then the execution path alone (bench/onceproject/trace.py): Celery's tracer in one process,
+--calls calls of each kind interleaved call by call, without the broker.
+
 Every round runs one block of each kind, the kinds of a group back to back in an order that
 rotates from round to round, so a plain block and its OnceTask block always run seconds apart.
 OnceTask's overhead is the median over rounds of (OnceTask block - plain block of the same
@@ -361,6 +364,35 @@ def _round(runner: Runner, tasks: int, round_no: int) -> list[Block]:
     return blocks
 
 
+def trace(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The execution path alone, in a process of its own with the worker's settings."""
+    env = _worker_env(url, "unused", Path(os.devnull), args.db_reuse_max)
+    reconnect = "0" if args.db_reuse_max else "1"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.onceproject.trace", str(args.calls), reconnect],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the execution-path measurement failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def print_trace(figures: dict[str, Any]) -> None:
+    print(
+        f"Execution path alone (Celery's tracer in one process, {figures['calls']} calls per "
+        "kind interleaved, medians):"
+    )
+    print("  " + ", ".join(f"{k} {us:.0f} µs" for k, us in figures["us_per_call"].items()))
+    for label, us in figures["overhead_us"].items():
+        print(f"  OnceTask overhead ({label}): {us / 1000:+.3f} ms per execution")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     queue = f"bench-once-{uuid.uuid4().hex[:8]}"
     blocks: list[Block] = []
@@ -380,12 +412,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             finally:
                 runner.cleanup()
         effects, keys = _counts(url)
+        traced = trace(url, args)
     once_kinds = sum(1 for k in KINDS if k.startswith("once_"))
     expected_keys = args.rounds * once_kinds * (args.tasks + WARMUP)
     if keys != expected_keys:
         raise SystemExit(f"inbox holds {keys} keys, expected {expected_keys}")
     summary = summarise(blocks)
     summary["verified"] = {"effects": effects, "inbox_keys": keys}
+    summary["execution_path"] = traced
     summary["blocks"] = [dataclasses.asdict(b) for b in blocks]
     return summary
 
@@ -398,7 +432,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tasks", type=int, default=200, help="tasks per timed block")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--quick", action="store_true", help="100 tasks per block, 3 rounds")
+    parser.add_argument(
+        "--calls", type=int, default=2000, help="calls per kind for the execution path alone"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="100 tasks per block, 3 rounds, 300 calls"
+    )
     parser.add_argument("--dsn", default=os.environ.get("OUTBOX_TEST_DATABASE_URL"))
     parser.add_argument(
         "--db-reuse-max",
@@ -411,9 +450,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.tasks, args.rounds = 100, 3
+        args.tasks, args.rounds, args.calls = 100, 3, 300
     summary = run(args)
     print_report(summary, args)
+    print_trace(summary["execution_path"])
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -30,7 +30,8 @@ def test_a_tiny_run_reports_every_kind_and_overhead(
     out = tmp_path / "once.json"
     env: dict[str, Any] = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env["OUTBOX_BENCH_REDIS_URL"] = redis_url.rsplit("/", 1)[0] + "/11"
-    argv = ["--tasks", "20", "--rounds", "2", "--db-reuse-max", reuse, "--dsn", pg_server_url]
+    argv = ["--tasks", "20", "--rounds", "2", "--calls", "20", "--db-reuse-max", reuse]
+    argv += ["--dsn", pg_server_url]
     done = subprocess.run(
         [sys.executable, "-m", "bench.once", *argv, "--json", str(out)],
         cwd=REPO,
@@ -53,3 +54,5 @@ def test_a_tiny_run_reports_every_kind_and_overhead(
     # 2 rounds x 2 OnceTask kinds x (20 timed + 50 warm-up tasks) keys; 3 row kinds' effects.
     assert report["verified"] == {"inbox_keys": 280, "effects": 420}
     assert "OnceTask overhead (one row)" in done.stdout
+    assert set(report["execution_path"]["overhead_us"]) == set(report["overhead"])
+    assert report["execution_path"]["reconnect"] is (reuse == "0")
