@@ -265,6 +265,19 @@ def test_migrate_zero_removes_everything_and_migrating_again_restores_it(
     assert _catalogue(pg_server_url, dbname) == _catalogue(pg_server_url, reference)
 
 
+def test_a_psql_install_faked_to_the_last_migration_then_migrates_cleanly(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """install.md's DBA path: psql install.sql, `migrate outbox_notify <last> --fake`, migrate."""
+    last = sorted(p.stem for p in (REPO / "outbox_notify" / "migrations").glob("[0-9]*.py"))[-1]
+    by_hand, reference = fresh_database(), fresh_database()
+    _psql_install(pg_server_url, by_hand)
+    _psql_install(pg_server_url, reference)
+    _migrate(pg_server_url, by_hand, last, "--fake")
+    _migrate(pg_server_url, by_hand)  # nothing left to run: no table created twice
+    assert _catalogue(pg_server_url, by_hand) == _catalogue(pg_server_url, reference)
+
+
 def test_migrating_back_before_the_inbox_drops_only_the_inbox(
     pg_server_url: str, fresh_database: Callable[[], str]
 ) -> None:
