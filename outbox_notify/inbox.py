@@ -158,13 +158,20 @@ def purge(
 # --- stats ------------------------------------------------------------------------------------
 
 
+UNAVAILABLE = {
+    "missing": "not installed: run `python manage.py migrate outbox_notify`",
+    "denied": "not readable: this role needs SELECT on outbox_notify_inbox_v1",
+}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class InboxStats:
-    """How many keys the inbox holds and how old the oldest is; None before migration 0002."""
+    """How many keys the inbox holds and how old the oldest is; None when it cannot be read."""
 
     records: int | None
     records_exact: bool
     oldest_seconds: float | None
+    unavailable: str | None = None  # why there are no figures
 
     def as_dict(self) -> dict[str, Any]:
         """The figures under the keys `outbox_stats --format json` adds."""
@@ -190,8 +197,14 @@ def _count(cur: stats.Cursor, limit: int) -> tuple[int, bool]:
 def collect_stats(connection: Any, *, exact_limit: int = stats.EXACT_LIMIT) -> InboxStats:
     """Count the inbox through a psycopg `Connection` or a Django connection."""
     with stats.cursor(connection) as cur:
-        if not _scalar(cur, "inbox_installed"):
-            return InboxStats(records=None, records_exact=True, oldest_seconds=None)
+        state = _scalar(cur, "inbox_readable")
+        if state != "ok":
+            return InboxStats(
+                records=None,
+                records_exact=True,
+                oldest_seconds=None,
+                unavailable=UNAVAILABLE[state],
+            )
         records, exact = _count(cur, exact_limit)
         oldest = float(_scalar(cur, "oldest_record") or 0.0)
         return InboxStats(records=records, records_exact=exact, oldest_seconds=oldest)
@@ -200,7 +213,7 @@ def collect_stats(connection: Any, *, exact_limit: int = stats.EXACT_LIMIT) -> I
 def format_text(figures: InboxStats) -> str:
     """The inbox lines of `outbox_stats`' text form; estimates are marked with '~'."""
     if figures.records is None:
-        return "inbox_records          (not installed: run migrate)"
+        return f"inbox_records          ({figures.unavailable})"
     mark = "" if figures.records_exact else "~"
     return (
         f"inbox_records          {mark}{figures.records}\n"

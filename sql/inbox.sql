@@ -26,9 +26,15 @@ EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_inbox_v1;
 SELECT greatest(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8
 FROM outbox_notify_inbox_v1;
 
--- name: inbox_installed
--- Whether migration 0002 has run: stats report nothing rather than fail before it has.
-SELECT to_regclass('outbox_notify_inbox_v1') IS NOT NULL;
+-- name: inbox_readable
+-- Whether the stats can read the inbox: 'ok', 'missing' (before migration 0003_inbox) or
+-- 'denied' (a monitoring role granted SELECT before the inbox existed). outbox_stats then
+-- reports no inbox figures rather than fail, so probes keep passing across an upgrade.
+SELECT CASE
+    WHEN to_regclass('outbox_notify_inbox_v1') IS NULL THEN 'missing'
+    WHEN NOT has_table_privilege('outbox_notify_inbox_v1', 'SELECT') THEN 'denied'
+    ELSE 'ok'
+END;
 
 -- name: records_older_than_by_task
 -- What a purge would delete, grouped for the dry-run report.

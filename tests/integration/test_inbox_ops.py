@@ -17,6 +17,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 from django.test import Client, override_settings
 from django.urls import reverse
+from psycopg import sql as pgsql
 
 from outbox_notify import inbox
 from outbox_notify.models import InboxRecord
@@ -95,9 +96,9 @@ def test_purge_keeps_thirty_days_by_default() -> None:
 
 @pytest.mark.parametrize("args", [["--older-than-days", "-1"], ["--chunk-size", "0"]])
 def test_purge_refuses_bad_values(args: list[str]) -> None:
-    """A negative age or an empty chunk is a CommandError (exit 1), nothing deleted."""
+    """A negative age or an empty chunk is a usage error naming the flag; nothing deleted."""
     add_key(days_ago=40)
-    with pytest.raises(CommandError):
+    with pytest.raises(CommandError, match=f"argument {args[0]}: must be at least"):
         run("outbox_purge_inbox", *args)
     assert InboxRecord.objects.count() == 1
 
@@ -107,7 +108,7 @@ def test_an_invalid_retention_setting_is_reported() -> None:
     """The setting is validated like the others (system check E004 and at use)."""
     from outbox_notify import conf
 
-    assert "OUTBOX_NOTIFY_INBOX_RETENTION_DAYS" in [name for name, _ in conf.validate_all()]
+    assert "OUTBOX_NOTIFY_INBOX_RETENTION_DAYS" in [name for name, _ in conf.problems()]
     with pytest.raises(CommandError, match="INBOX_RETENTION_DAYS"):
         run("outbox_purge_inbox")
 
@@ -161,11 +162,11 @@ def test_stats_json_counts_the_inbox() -> None:
 
 
 def test_stats_text_lists_the_inbox() -> None:
-    """The text form ends with the inbox lines."""
+    """The text form has the inbox lines just before the top_failing list that ends it."""
     add_key(days_ago=1)
     text = run("outbox_stats")
-    assert "inbox_records          1" in text
-    assert "inbox_oldest_seconds   86" in text
+    assert "\ninbox_records          1\ninbox_oldest_seconds   86" in text
+    assert text.index("inbox_oldest_seconds") < text.index("top_failing")
 
 
 def test_inbox_count_is_estimated_past_the_exact_limit() -> None:
@@ -179,6 +180,27 @@ def test_inbox_count_is_estimated_past_the_exact_limit() -> None:
     assert figures.records >= 6
     assert not figures.records_exact
     assert inbox.format_text(figures).startswith("inbox_records          ~")
+
+
+def test_stats_for_a_role_that_cannot_read_the_inbox_report_nothing_instead_of_failing() -> None:
+    """A monitoring role granted SELECT before the inbox existed: outbox_stats still exits 0."""
+    role = f"outbox_ops_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(**connection_kwargs("default"), autocommit=True) as admin:
+        admin.execute(pgsql.SQL("CREATE ROLE {} NOLOGIN").format(pgsql.Identifier(role)))
+        try:
+            admin.execute(
+                pgsql.SQL(
+                    "GRANT SELECT ON outbox_notify_message_v1, outbox_notify_dead_letter_v1 TO {}"
+                ).format(pgsql.Identifier(role))
+            )
+            with psycopg.connect(**connection_kwargs("default")) as conn:
+                conn.execute(pgsql.SQL("SET ROLE {}").format(pgsql.Identifier(role)))
+                figures = inbox.collect_stats(conn)
+        finally:
+            admin.execute(pgsql.SQL("DROP OWNED BY {}").format(pgsql.Identifier(role)))
+            admin.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
+    assert (figures.records, figures.oldest_seconds) == (None, None)
+    assert "needs SELECT on outbox_notify_inbox_v1" in inbox.format_text(figures)
 
 
 def test_stats_before_the_inbox_migration_report_nothing_instead_of_failing() -> None:

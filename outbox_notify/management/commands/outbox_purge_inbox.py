@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from outbox_notify import inbox
-from outbox_notify.exceptions import ConfigurationError
+from outbox_notify.management.commands._common import reported, whole_number
+
+NEEDS = "SELECT, UPDATE and DELETE on outbox_notify_inbox_v1"
 
 
 class Command(BaseCommand):
@@ -22,19 +24,19 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than-days", type=int, default=None, metavar="N")
+        parser.add_argument("--older-than-days", type=whole_number(0), default=None, metavar="N")
         parser.add_argument("--dry-run", action="store_true")
-        parser.add_argument("--chunk-size", type=int, default=inbox.CHUNK_SIZE)
+        parser.add_argument(
+            "--chunk-size", type=whole_number(1), default=inbox.CHUNK_SIZE, metavar="N"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
+        with reported(NEEDS):
             result = inbox.purge(
                 options["older_than_days"],
                 dry_run=options["dry_run"],
                 chunk_size=options["chunk_size"],
             )
-        except ConfigurationError as exc:
-            raise CommandError(str(exc)) from exc
         cutoff = result.cutoff.isoformat()
         if result.dry_run:
             self.stdout.write(f"would delete {result.deleted} inbox keys recorded before {cutoff}")

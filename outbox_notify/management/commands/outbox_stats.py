@@ -56,7 +56,7 @@ class Command(BaseCommand):
             data["exact"]["inbox_records"] = keys.records_exact
             self.stdout.write(json.dumps(data, sort_keys=True))
         else:
-            self.stdout.write(as_text(snapshot, top) + "\n" + inbox.format_text(keys))
+            self.stdout.write(with_inbox(as_text(snapshot, top), keys))
         limit = options["fail_if_lag_above"]
         if limit is not None and snapshot.oldest_pending_seconds > limit:
             raise CommandError(
@@ -81,3 +81,9 @@ def as_text(snapshot: stats.OutboxStats, top: int) -> str:
     if top == 0:
         text = text[: text.index("\ntop_failing")] + "\n" + NOT_COMPUTED
     return text
+
+
+def with_inbox(text: str, keys: inbox.InboxStats) -> str:
+    """The inbox lines among the other figures, before the top_failing list that ends the text."""
+    head, marker, tail = text.partition("\ntop_failing")
+    return f"{head}\n{inbox.format_text(keys)}{marker}{tail}"
