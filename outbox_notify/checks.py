@@ -33,8 +33,8 @@ FUNCTION_NAME = "outbox_notify_wake_v1"
 TABLE_NAME = "outbox_notify_message_v1"
 # The migration that adds the inbox, and the one before it (W001's hint rebuilds around a kept
 # inbox with them).
-INBOX_MIGRATION = "0003_inbox"
-BEFORE_INBOX_MIGRATION = "0002_model_defaults"
+INBOX_MIGRATION = "0004_inbox"
+BEFORE_INBOX_MIGRATION = "0003_held"
 # pg_trigger.tgenabled values under which the trigger fires in ordinary sessions; "R" (replica
 # only) and "D" (disabled) leave relays asleep.
 TRIGGER_FIRES = ("O", "A")

@@ -27,7 +27,7 @@ SELECT greatest(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::flo
 FROM outbox_notify_inbox_v1;
 
 -- name: inbox_readable
--- Whether the stats can read the inbox: 'ok', 'missing' (before migration 0003_inbox) or
+-- Whether the stats can read the inbox: 'ok', 'missing' (before migration 0004_inbox) or
 -- 'denied' (a monitoring role granted SELECT before the inbox existed). outbox_stats then
 -- reports no inbox figures rather than fail, so probes keep passing across an upgrade.
 SELECT CASE

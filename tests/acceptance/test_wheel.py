@@ -29,8 +29,8 @@ SQL_FILES = (
     "inbox.sql",
     "migrations/0001_initial.sql",
     "migrations/0001_initial.reverse.sql",
-    "migrations/0003_inbox.sql",
-    "migrations/0003_inbox.reverse.sql",
+    "migrations/0004_inbox.sql",
+    "migrations/0004_inbox.reverse.sql",
 )
 CHANNEL = "outbox_notify_v1"
 LOCK = (1869968482, 1)
