@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["OutboxCelery", "bulk"]
+__all__ = ["OnceTask", "OutboxCelery", "bulk"]
 __version__ = "0.1.0.dev0"
 
 if TYPE_CHECKING:
     from outbox_notify.app import OutboxCelery
     from outbox_notify.batching import bulk
+    from outbox_notify.once import OnceTask
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +24,8 @@ def __getattr__(name: str) -> Any:
         from outbox_notify.batching import bulk
 
         return bulk
+    if name == "OnceTask":
+        from outbox_notify.once import OnceTask
+
+        return OnceTask
     raise AttributeError(f"module 'outbox_notify' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from outbox_notify import conf, deadletter, held, redaction, stats
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
 
 if TYPE_CHECKING:
     ModelAdmin = admin.ModelAdmin[Any]
@@ -342,3 +342,38 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 "passed; workers will discard them as expired.",
                 messages.WARNING,
             )
+
+
+@admin.register(InboxRecord)
+class InboxRecordAdmin(ModelAdmin):
+    """OnceTask keys: which delivery committed each key, and when. Read-only, no actions.
+
+    A key is removed only by the retention purge (`outbox_purge_inbox`): deleting one by hand
+    would let a duplicate delivery of that key run its body again.
+    """
+
+    show_full_result_count = False  # a second count(*) over millions of rows per page
+    list_per_page = 100
+    list_display = ("id", "scope", "key", "task_name", "task_id", "created_at")
+    fields = readonly_fields = list_display
+    list_filter = (TaskNameFilter,)
+    search_fields = ("=key", "=task_id")
+    search_help_text = "Exact key or Celery task id."
+    actions = None
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(conf.database_alias())
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def task_name_sample(self, request: HttpRequest) -> list[str]:
+        """Distinct task names among the newest FILTER_SAMPLE keys."""
+        rows = self.get_queryset(request).order_by("-id")
+        return list(set(rows.values_list("task_name", flat=True)[:FILTER_SAMPLE]))

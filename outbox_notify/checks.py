@@ -31,6 +31,10 @@ MIN_PSYCOPG = (3, 2, 10)
 TRIGGER_NAME = "outbox_notify_wake_v1"
 FUNCTION_NAME = "outbox_notify_wake_v1"
 TABLE_NAME = "outbox_notify_message_v1"
+# The migration that adds the inbox, and the one before it (W001's hint rebuilds around a kept
+# inbox with them).
+INBOX_MIGRATION = "0004_inbox"
+BEFORE_INBOX_MIGRATION = "0003_held"
 # pg_trigger.tgenabled values under which the trigger fires in ordinary sessions; "R" (replica
 # only) and "D" (disabled) leave relays asleep.
 TRIGGER_FIRES = ("O", "A")
@@ -223,7 +227,7 @@ def queries() -> dict[str, str]:
 
 def _schema_state(cursor: Any) -> dict[str, Any]:
     cursor.execute(queries()["schema_state"])
-    message_table, dead_letter_table, function, trigger, recorder = cursor.fetchone()
+    message_table, dead_letter_table, function, trigger, recorder, inbox_table = cursor.fetchone()
     migrated = False
     if recorder:
         cursor.execute(queries()["outbox_migrated"])
@@ -231,6 +235,7 @@ def _schema_state(cursor: Any) -> dict[str, Any]:
     return {
         "table": message_table,
         "dead_letter_table": dead_letter_table,
+        "inbox_table": inbox_table,
         "function": function,
         "trigger": trigger,
         "migrated": migrated,
@@ -246,10 +251,21 @@ def _missing_table(alias: str, found: dict[str, Any]) -> checks.CheckMessage:
     flag = _database_flag(alias)
     remigrate = f"python manage.py migrate outbox_notify{flag}"
     if found["dead_letter_table"] or found["function"]:
+        keys = " and OnceTask keys" if found["inbox_table"] else ""
         hint = (
             "the outbox migrations are recorded as applied but only part of the schema is left; "
-            "save the dead letters you need, then run: "
+            f"save the dead letters{keys} you need, then run: "
             f"python manage.py migrate outbox_notify zero{flag} && {remigrate}"
+        )
+    elif found["inbox_table"]:
+        # Rebuild what precedes the inbox and keep its keys: dropping them would let
+        # duplicates of tasks that already ran run again.
+        hint = (
+            "the outbox migrations are recorded as applied but only the inbox of OnceTask keys "
+            "is left; run: "
+            f"python manage.py migrate outbox_notify zero --fake{flag} && "
+            f"python manage.py migrate outbox_notify {BEFORE_INBOX_MIGRATION}{flag} && "
+            f"python manage.py migrate outbox_notify {INBOX_MIGRATION} --fake{flag} && {remigrate}"
         )
     else:
         hint = (

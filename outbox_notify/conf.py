@@ -24,6 +24,9 @@ from outbox_notify.exceptions import ConfigurationError
 PREFIX = "OUTBOX_NOTIFY_"
 DEFAULT_DATABASE = "default"
 DEFAULT_DEAD_LETTER_RETENTION_DAYS = 30
+# Days OnceTask keys are kept: as long as dead letters, which may be requeued (and delivered
+# again) until they are purged. docs/once.md#keeping-keys-retention-and-purge
+DEFAULT_INBOX_RETENTION_DAYS = 30
 DEFAULT_STATSD_PORT = 8125
 # Bytes of one task's stored JSON (args + kwargs + options). Under RabbitMQ 4's default
 # max_message_size (16 MiB; 3.x: 128 MiB) and Redis's proto-max-bulk-len (512 MB) even after
@@ -164,6 +167,7 @@ SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("STATSD_TAGS", None, _statsd_tags),
     ("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes),
     ("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after),
+    ("INBOX_RETENTION_DAYS", DEFAULT_INBOX_RETENTION_DAYS, _retention_days),
 )
 KNOWN_SETTINGS = frozenset(PREFIX + name for name, _, _ in SETTINGS)
 
@@ -218,6 +222,11 @@ def structlog_context_keys() -> frozenset[str] | None:
 def dead_letter_retention_days() -> int:
     """Default age, in days, past which dead letters are purged."""
     return _read("DEAD_LETTER_RETENTION_DAYS", DEFAULT_DEAD_LETTER_RETENTION_DAYS, _retention_days)
+
+
+def inbox_retention_days() -> int:
+    """Default age, in days, past which the inbox purge deletes OnceTask keys."""
+    return _read("INBOX_RETENTION_DAYS", DEFAULT_INBOX_RETENTION_DAYS, _retention_days)
 
 
 def redactor() -> Redactor | None:

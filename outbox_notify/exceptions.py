@@ -33,3 +33,7 @@ class UndecodableMessage(OutboxNotifyError):
 
 class GaugeUnavailable(OutboxNotifyError):
     """A metrics gauge could not be read while the database connection stayed usable."""
+
+
+class OnceKeyError(OutboxNotifyError, ValueError):
+    """A OnceTask key (or scope) cannot be stored: not a str, empty, too long, or has a NUL."""

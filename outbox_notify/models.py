@@ -1,4 +1,4 @@
-"""Django models over the outbox tables that `sql/install.sql` creates.
+"""Django models over the tables that `sql/install.sql` creates.
 
 The fields a user does not know (schema version, timestamps, counters, context) carry as
 Python defaults what the database defaults, so `objects.create()` with the task's own fields
@@ -16,7 +16,7 @@ from outbox_notify.fields import JSONTextField
 # What a row gets by default: the layout every relay reads.
 from outbox_notify.serialization import DEFAULT_VERSION as SCHEMA_VERSION
 
-__all__ = ["SCHEMA_VERSION", "DeadLetter", "OutboxMessage"]
+__all__ = ["SCHEMA_VERSION", "DeadLetter", "InboxRecord", "OutboxMessage"]
 
 
 class OutboxMessage(models.Model):
@@ -67,3 +67,27 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}]"
+
+
+class InboxRecord(models.Model):
+    """A key whose OnceTask body committed: later deliveries of it are skipped (read-only)."""
+
+    id = models.BigAutoField(primary_key=True)
+    scope = models.TextField()
+    key = models.TextField()
+    task_id = models.TextField()
+    task_name = models.TextField()
+    created_at = models.DateTimeField(db_index=True, default=timezone.now)
+
+    class Meta:
+        db_table = "outbox_notify_inbox_v1"
+        verbose_name = "inbox record"
+        ordering = ("-id",)
+        constraints = (
+            models.UniqueConstraint(
+                fields=("scope", "key"), name="outbox_notify_inbox_v1_scope_key_key"
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key}"

@@ -1,8 +1,9 @@
-"""Signals about outbox rows, each sent with send_robust after the state it reports commits.
+"""Signals about outbox rows and OnceTask deliveries, each sent with send_robust.
 
-Every signal here is sent with sender="outbox_notify" (a string, the same for all four), so
-`signal.connect(receiver, sender="outbox_notify")` receives them; docs/reference.md#signals
-lists their arguments and when each is sent.
+Each is sent once the state it reports is final: committed, or (for a skipped duplicate) the
+delivery's empty transaction ended. Every signal here is sent with sender="outbox_notify" (a
+string, the same for all five), so `signal.connect(receiver, sender="outbox_notify")` receives
+them; docs/reference.md#signals lists their arguments and when each is sent.
 """
 
 from __future__ import annotations
@@ -21,3 +22,6 @@ outbox_message_sent = Signal()
 outbox_message_failed = Signal()
 # task_ids, task_names: rows moved to the dead-letter table.
 outbox_message_dead_lettered = Signal()
+# task_id, task_name, scope, key, first_task_id: a OnceTask delivery found its key committed
+# and skipped its body (sent in the worker, after the skip).
+outbox_duplicate_skipped = Signal()

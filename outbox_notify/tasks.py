@@ -8,14 +8,21 @@ with beat:
             "task": "outbox_notify.purge_dead_letters",
             "schedule": crontab(hour=3, minute=17),
         },
+        "outbox-notify-purge-inbox": {
+            "task": "outbox_notify.purge_inbox",
+            "schedule": crontab(hour=3, minute=47),
+        },
     }
+
+When OnceTask is the app's default task class these stay plain tasks (OnceTask leaves every
+`outbox_notify.*` and `celery.*` task alone), so they still delete in many small transactions.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from outbox_notify import deadletter
+from outbox_notify import deadletter, inbox
 
 
 @shared_task(name="outbox_notify.purge_dead_letters", ignore_result=True)
@@ -24,3 +31,9 @@ def purge_dead_letters(
 ) -> int:
     """Delete dead letters older than N days (default: the retention setting); return how many."""
     return deadletter.purge(older_than_days, chunk_size=chunk_size).deleted
+
+
+@shared_task(name="outbox_notify.purge_inbox", ignore_result=True)
+def purge_inbox(older_than_days: int | None = None, chunk_size: int = inbox.CHUNK_SIZE) -> int:
+    """Delete OnceTask keys older than N days (default: the retention setting); return how many."""
+    return inbox.purge(older_than_days, chunk_size=chunk_size).deleted

@@ -5,14 +5,15 @@
 
 -- name: schema_state
 -- Which outbox objects exist, the wake-up trigger's pg_trigger.tgenabled (NULL: no trigger),
--- and whether Django recorded an outbox migration as applied.
+-- whether Django recorded an outbox migration as applied, and whether the inbox exists.
 SELECT
     to_regclass('outbox_notify_message_v1') IS NOT NULL AS message_table,
     to_regclass('outbox_notify_dead_letter_v1') IS NOT NULL AS dead_letter_table,
     to_regprocedure('outbox_notify_wake_v1()') IS NOT NULL AS wake_function,
     (SELECT tgenabled::text FROM pg_trigger
      WHERE tgname = 'outbox_notify_wake_v1' AND NOT tgisinternal) AS trigger_enabled,
-    to_regclass('django_migrations') IS NOT NULL AS recorder;
+    to_regclass('django_migrations') IS NOT NULL AS recorder,
+    to_regclass('outbox_notify_inbox_v1') IS NOT NULL AS inbox_table;
 
 -- name: outbox_migrated
 SELECT EXISTS (SELECT FROM django_migrations WHERE app = 'outbox_notify');

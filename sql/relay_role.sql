@@ -9,6 +9,7 @@
 --
 --   GRANT outbox_notify_relay  TO my_relay_login;   -- runs manage.py outbox_listen / outbox_sweep
 --   GRANT outbox_notify_writer TO my_app_login;     -- the application calling delay()/send_task()
+--                                                   -- and its Celery workers (OnceTask)
 --
 -- Running it again is harmless: roles are created only when missing, grants are idempotent.
 --
@@ -53,6 +54,12 @@ GRANT INSERT ON outbox_notify_dead_letter_v1 TO outbox_notify_relay;
 
 -- The writer: the one INSERT of the write side (insert_message), in the caller's transaction.
 GRANT INSERT ON outbox_notify_message_v1 TO outbox_notify_writer;
+
+-- The writer in a Celery worker, running OnceTask bodies (sql/inbox.sql): record_key is an
+-- INSERT ... ON CONFLICT (scope, key) DO NOTHING, whose conflict target needs SELECT on those
+-- columns besides INSERT; a skipped duplicate reads which delivery ran it (key_owner). The
+-- relay never touches the inbox.
+GRANT SELECT, INSERT ON outbox_notify_inbox_v1 TO outbox_notify_writer;
 
 -- No sequence grants: the ids come from identity columns, and PostgreSQL checks an INSERT
 -- that takes the next identity value against the table's INSERT privilege only (tested in

@@ -17,7 +17,17 @@ app.conf.update(
     broker_connection_retry_on_startup=False,
     broker_connection_timeout=3,
     enable_utc=True,
+    # The OnceTask tasks; a module of their own, imported by the worker at start.
+    include=["tests.once_tasks"],
 )
+if os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT"):
+    # Crash tests (on a private Redis): unacknowledged messages of a killed worker come back
+    # after this many seconds instead of Redis's default hour.
+    app.conf.broker_transport_options = {
+        "visibility_timeout": float(os.environ["OUTBOX_TEST_VISIBILITY_TIMEOUT"]),
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
 
 
 @app.task(name="tests.add")

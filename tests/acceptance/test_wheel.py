@@ -26,8 +26,11 @@ SQL_FILES = (
     "uninstall.sql",
     "queries.sql",
     "relay_role.sql",
+    "inbox.sql",
     "migrations/0001_initial.sql",
     "migrations/0001_initial.reverse.sql",
+    "migrations/0004_inbox.sql",
+    "migrations/0004_inbox.reverse.sql",
 )
 CHANNEL = "outbox_notify_v1"
 LOCK = (1869968482, 1)
@@ -195,14 +198,15 @@ def test_wheel_installs_migrates_and_notifies(
     )
     module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=tmp_path, env=env).split()
     assert Path(module_file).is_relative_to(tmp_path / "venv")
-    assert tables == "2"
+    assert tables == "3"
     assert {"claim_batch", "insert_message"} <= set(queries.split(","))
 
     with _connect(pg_server_url, wheel_database) as conn:
         found = conn.execute(
             "SELECT to_regclass('outbox_notify_message_v1') IS NOT NULL,"
             " to_regclass('outbox_notify_dead_letter_v1') IS NOT NULL,"
+            " to_regclass('outbox_notify_inbox_v1') IS NOT NULL,"
             " (SELECT tgenabled::text FROM pg_trigger WHERE tgname = 'outbox_notify_wake_v1')"
         ).fetchone()
-    assert found == (True, True, "O")
+    assert found == (True, True, True, "O")
     _assert_trigger_notifies(pg_server_url, wheel_database)

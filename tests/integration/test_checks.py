@@ -202,7 +202,8 @@ def test_every_setting_refuses_values_that_are_not_finite(setting: str, value: f
     [
         ("OUTBOX_NOTIFY_DATABSE", "OUTBOX_NOTIFY_DATABASE"),
         ("OUTBOX_NOTIFY_STATSD_HOTS", "OUTBOX_NOTIFY_STATSD_HOST"),
-        ("OUTBOX_NOTIFY_RETENTION_DAYS", "OUTBOX_NOTIFY_DEAD_LETTER_RETENTION_DAYS"),
+        ("OUTBOX_NOTIFY_DEADLETTER_RETENTION", "OUTBOX_NOTIFY_DEAD_LETTER_RETENTION_DAYS"),
+        ("OUTBOX_NOTIFY_INBOX_RETENTION", "OUTBOX_NOTIFY_INBOX_RETENTION_DAYS"),
     ],
 )
 def test_w003_names_an_unknown_setting_and_the_closest_known_one(typo: str, meant: str) -> None:
@@ -407,6 +408,39 @@ def test_w001_hint_re_migrates_a_schema_dropped_behind_djangos_back() -> None:
         [warning] = _outbox_messages()
         assert warning.id == "outbox_notify.W001"
         assert "zero --fake" in (warning.hint or "")
+        _run_hint_commands(warning.hint or "")
+        assert _outbox_messages() == []
+
+
+@pytest.mark.django_db
+def test_w001_hint_keeps_the_inbox_when_only_the_inbox_is_left() -> None:
+    """Only the OnceTask keys left: the hint rebuilds the rest around them and keeps every key."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO outbox_notify_inbox_v1 (scope, key, task_id, task_name)"
+            " VALUES ('tests.once', 'kept', 't-1', 'tests.once')"
+        )
+    with _schema_changed(
+        f"DROP TABLE {TABLE}, outbox_notify_dead_letter_v1; DROP FUNCTION {TRIGGER}()"
+    ):
+        [warning] = _outbox_messages()
+        assert "only the inbox" in (warning.hint or "")
+        _run_hint_commands(warning.hint or "")
+        assert _outbox_messages() == []
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT key FROM outbox_notify_inbox_v1")
+            assert cursor.fetchall() == [("kept",)]
+
+
+@pytest.mark.django_db
+def test_w001_hint_when_every_table_is_gone_fakes_zero_and_migrates() -> None:
+    """Nothing of the schema left, the inbox included: `zero --fake` and `migrate`."""
+    with _schema_changed(
+        f"DROP TABLE {TABLE}, outbox_notify_dead_letter_v1, outbox_notify_inbox_v1;"
+        f" DROP FUNCTION {TRIGGER}()"
+    ):
+        [warning] = _outbox_messages()
+        assert "the schema is gone" in (warning.hint or "")
         _run_hint_commands(warning.hint or "")
         assert _outbox_messages() == []
 

@@ -27,6 +27,7 @@ COMMANDS = {
     "outbox_stats": (),
     "outbox_purge_dead_letter": (),
     "outbox_requeue_dead_letter": ("--all",),
+    "outbox_purge_inbox": (),
 }
 NON_FINITE = ["nan", "inf", "-inf", "NaN", "Infinity"]
 COMMAND_TIMEOUT = 60  # seconds; each of these commands gives up at once
@@ -68,7 +69,8 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_purge_dead_letter", "--older-than-days") in flags
     assert ("outbox_requeue_dead_letter", "--chunk-size") in flags
     assert ("outbox_listen", "--lock-wait") in flags
-    assert len(flags) == 22  # listen 10, sweep 6, stats 2, purge 2, requeue 2
+    assert ("outbox_purge_inbox", "--older-than-days") in flags
+    assert len(flags) == 24  # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2
 
 
 @pytest.mark.parametrize("value", NON_FINITE)
@@ -88,6 +90,8 @@ def test_every_numeric_flag_refuses_values_that_are_not_finite(
         ("outbox_purge_dead_letter", "--older-than-days", "-1", "must be at least 0, not -1"),
         ("outbox_purge_dead_letter", "--chunk-size", "0", "must be at least 1, not 0"),
         ("outbox_requeue_dead_letter", "--chunk-size", "0", "must be at least 1, not 0"),
+        ("outbox_purge_inbox", "--older-than-days", "-1", "must be at least 0, not -1"),
+        ("outbox_purge_inbox", "--chunk-size", "0", "must be at least 1, not 0"),
         ("outbox_stats", "--top", "-1", "must be at least 0, not -1"),
         ("outbox_stats", "--fail-if-lag-above", "-5", "must be a number of seconds 0 or more"),
         ("outbox_listen", "--batch-size", "0", "must be at least 1, not 0"),

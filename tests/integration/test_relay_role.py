@@ -226,3 +226,25 @@ def test_writer_role_can_only_insert(server: pgserver.PrivateServer) -> None:
         ):
             with pytest.raises(pg_errors.InsufficientPrivilege):
                 conn.execute(statement)
+
+
+def test_writer_role_records_once_keys_but_cannot_remove_them(
+    server: pgserver.PrivateServer,
+) -> None:
+    """OnceTask's statements work as the writer (a worker's login); deleting keys does not."""
+    from outbox_notify import inbox
+
+    params = {"scope": "tests.once", "key": "k-1", "task_id": "t-1", "task_name": "tests.once"}
+    with _as(server, WRITER_LOGIN) as conn:
+        inserted = [conn.execute(inbox.queries()["record_key"], params).rowcount for _ in "ab"]
+        assert inserted == [1, 0]
+        owner = conn.execute(inbox.queries()["key_owner"], params).fetchone()
+        assert owner == ("t-1",)
+        for statement in (
+            "DELETE FROM outbox_notify_inbox_v1",
+            "UPDATE outbox_notify_inbox_v1 SET key = 'x'",
+        ):
+            with pytest.raises(pg_errors.InsufficientPrivilege):
+                conn.execute(statement)
+    with _as(server, RELAY_LOGIN) as conn, pytest.raises(pg_errors.InsufficientPrivilege):
+        conn.execute("SELECT 1 FROM outbox_notify_inbox_v1")

@@ -24,7 +24,7 @@ from django.db import models
 from psycopg import sql as pgsql
 from psycopg.conninfo import make_conninfo
 
-from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SQL = REPO / "sql" / "install.sql"
@@ -209,6 +209,7 @@ def test_migrate_builds_exactly_the_schema_of_install_sql(
     assert _names(expected["columns"]) == {
         "outbox_notify_message_v1",
         "outbox_notify_dead_letter_v1",
+        "outbox_notify_inbox_v1",
     }
     assert _names(expected["triggers"], 1) == {"outbox_notify_wake_v1"}
     assert "outbox_notify_relay" in str(expected["relations"])
@@ -237,7 +238,9 @@ def _table_columns(server_url: str, dbname: str, table: str) -> dict[str, bool]:
     return {name: nullable for name, nullable in rows}
 
 
-@pytest.mark.parametrize("model", [OutboxMessage, DeadLetter], ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "model", [OutboxMessage, DeadLetter, InboxRecord], ids=lambda m: m.__name__
+)
 def test_models_map_onto_the_sql_tables(
     model: type[models.Model], pg_server_url: str, fresh_database: Callable[[], str]
 ) -> None:
@@ -260,6 +263,35 @@ def test_migrate_zero_removes_everything_and_migrating_again_restores_it(
     assert _catalogue(pg_server_url, dbname) == {kind: [] for kind in _CATALOGUE_QUERIES}
     _migrate(pg_server_url, dbname)
     assert _catalogue(pg_server_url, dbname) == _catalogue(pg_server_url, reference)
+
+
+def test_a_psql_install_faked_to_the_last_migration_then_migrates_cleanly(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """install.md's DBA path: psql install.sql, `migrate outbox_notify <last> --fake`, migrate."""
+    last = sorted(p.stem for p in (REPO / "outbox_notify" / "migrations").glob("[0-9]*.py"))[-1]
+    by_hand, reference = fresh_database(), fresh_database()
+    _psql_install(pg_server_url, by_hand)
+    _psql_install(pg_server_url, reference)
+    _migrate(pg_server_url, by_hand, last, "--fake")
+    _migrate(pg_server_url, by_hand)  # nothing left to run: no table created twice
+    assert _catalogue(pg_server_url, by_hand) == _catalogue(pg_server_url, reference)
+
+
+def test_migrating_back_before_the_inbox_drops_only_the_inbox(
+    pg_server_url: str, fresh_database: Callable[[], str]
+) -> None:
+    """`migrate outbox_notify 0003_held` drops the inbox table and leaves the outbox as it was."""
+    dbname = fresh_database()
+    _migrate(pg_server_url, dbname)
+    full = _catalogue(pg_server_url, dbname)
+    _migrate(pg_server_url, dbname, "0003_held")
+    back = _catalogue(pg_server_url, dbname)
+    assert "outbox_notify_inbox_v1" not in _names(back["columns"])
+    assert back["columns"] == [r for r in full["columns"] if r[0] != "outbox_notify_inbox_v1"]
+    assert back["triggers"] == full["triggers"]
+    _migrate(pg_server_url, dbname)
+    assert _catalogue(pg_server_url, dbname) == full
 
 
 _OBJECTS_QUERY = """

@@ -37,6 +37,10 @@ RELEASED = {
     "sql/migrations/0003_held.sql": "bde31927662a1251cf393360b991dd49a4f693e4ab59189ce06f007824965284",
     "sql/migrations/0003_held.reverse.sql": "0e594d25caa50a37074668fbe04aca9946b4db8051f9c24a040cb47dd814eae1",
     "outbox_notify/migrations/0003_held.py": "38b952792e9fbb90592890d8552df294fc5fba45c0ad975476fb81ccaa5560f4",
+    # The inbox of OnceTask (unreleased: may still change).
+    "sql/migrations/0004_inbox.sql": "814106c919d2a24e13d5fde791b92bad561e306ab19120888fbf6275fe37f030",
+    "sql/migrations/0004_inbox.reverse.sql": "d3df7204f4b1cad5a3fc7cd9bfb124940cf67238825aff0157ee15ba47d367cf",
+    "outbox_notify/migrations/0004_inbox.py": "7620fa330c55b32293bc325ed2b23a9a3950df3dbb51bb88b6d4dce16b8db722",
 }
 
 EDITED = (

@@ -8,12 +8,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from outbox_notify import conf, stats
+from outbox_notify import conf, inbox, stats
 from outbox_notify.management.commands._common import reported, seconds, whole_number
 
 LAG_EXIT_CODE = 2  # distinct from 1 (any other error), so a probe can tell lag from a crash
 NEEDS = (
-    "SELECT on outbox_notify_message_v1 and outbox_notify_dead_letter_v1 "
+    "SELECT on outbox_notify_message_v1, outbox_notify_dead_letter_v1 and outbox_notify_inbox_v1 "
     "(and pg_read_all_stats to see other roles' relay sessions)"
 )
 NOT_COMPUTED = "top_failing            not computed (--top 0)"
@@ -47,12 +47,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         top = options["top"]
+        connection = connections[conf.database_alias()]
         with reported(NEEDS):
-            snapshot = stats.collect(connections[conf.database_alias()], top=top)
+            snapshot = stats.collect(connection, top=top)
+            keys = inbox.collect_stats(connection)
         if options["format"] == "json":
-            self.stdout.write(json.dumps(as_json(snapshot, top), sort_keys=True))
+            data = {**as_json(snapshot, top), **keys.as_dict()}
+            data["exact"]["inbox_records"] = keys.records_exact
+            self.stdout.write(json.dumps(data, sort_keys=True))
         else:
-            self.stdout.write(as_text(snapshot, top))
+            self.stdout.write(with_inbox(as_text(snapshot, top), keys))
         limit = options["fail_if_lag_above"]
         if limit is not None and snapshot.oldest_pending_seconds > limit:
             raise CommandError(
@@ -77,3 +81,9 @@ def as_text(snapshot: stats.OutboxStats, top: int) -> str:
     if top == 0:
         text = text[: text.index("\ntop_failing")] + "\n" + NOT_COMPUTED
     return text
+
+
+def with_inbox(text: str, keys: inbox.InboxStats) -> str:
+    """The inbox lines among the other figures, before the top_failing list that ends the text."""
+    head, marker, tail = text.partition("\ntop_failing")
+    return f"{head}\n{inbox.format_text(keys)}{marker}{tail}"

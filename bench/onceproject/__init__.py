@@ -1,0 +1,1 @@
+"""The project bench.once runs its Celery worker with: settings and tasks, nothing else."""

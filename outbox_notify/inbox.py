@@ -1,0 +1,221 @@
+"""The inbox of OnceTask: keys recorded in task bodies' transactions, their purge and stats.
+
+`record()` runs as the first statement of a OnceTask body's transaction; everything else here
+is for operators (`outbox_purge_inbox`, the `outbox_notify.purge_inbox` task, `outbox_stats`).
+The queries are in `sql/inbox.sql`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from django.db import OperationalError, connections, transaction
+
+from outbox_notify import conf, stats
+from outbox_notify import sql as sql_files
+from outbox_notify.deadletter import PurgeResult
+from outbox_notify.exceptions import ConfigurationError, OnceKeyError
+
+log = structlog.get_logger("outbox_notify")
+
+# characters, for a key and for a scope: both together stay under PostgreSQL's limit for one
+# btree entry (about 2,700 bytes) even when every character takes four bytes in UTF-8.
+MAX_KEY_LENGTH = 255
+CHUNK_SIZE = 5_000  # keys deleted per purge transaction
+SERIALIZATION_FAILURE = "40001"  # SQLSTATE
+
+__all__ = ["MAX_KEY_LENGTH", "InboxStats", "OnceKey", "PurgeResult", "checked_key"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OnceKey:
+    """What a OnceTask delivery records: a key inside a scope.
+
+    `derived` tells a key made by the task's `once_key` from one that is the task id.
+    """
+
+    scope: str
+    key: str
+    derived: bool
+
+
+class KeyConflict(Exception):
+    """The key insert failed with a serialization failure (REPEATABLE READ or SERIALIZABLE).
+
+    PostgreSQL raises it instead of doing nothing when the conflicting key was committed by a
+    transaction this one's snapshot cannot see. The caller checks the key after rolling back.
+    """
+
+
+def checked_key(value: object, what: str) -> str:
+    """`value` as a plain str fit to store as a key or scope; OnceKeyError naming `what` if not."""
+    if not isinstance(value, str):
+        raise OnceKeyError(
+            f"{what} must be a str, got {type(value).__name__} {value!r:.80}; "
+            "format other values into a string, e.g. f'order:{order_id}'"
+        )
+    text = value if type(value) is str else str.__str__(value)
+    if not text or len(text) > MAX_KEY_LENGTH:
+        raise OnceKeyError(
+            f"{what} must have 1 to {MAX_KEY_LENGTH} characters, got {len(text)}: {text!r:.80}"
+        )
+    if "\x00" in text:
+        raise OnceKeyError(f"{what} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise OnceKeyError(f"{what} is not valid Unicode text ({exc.reason})") from exc
+    return text
+
+
+@functools.cache
+def queries() -> dict[str, str]:
+    """The inbox queries of `sql/inbox.sql`, loaded once."""
+    return sql_files.parse_named_queries(sql_files.read("inbox.sql"))
+
+
+def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bool:
+    """Insert the key on this Django connection; False when it is committed already.
+
+    Waits while another open transaction holds the same key, then answers for the outcome.
+    """
+    params = {"scope": key.scope, "key": key.key, "task_id": task_id, "task_name": task_name}
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(queries()["record_key"], params)
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
+                raise KeyConflict() from exc
+            raise
+        return bool(cursor.rowcount == 1)
+
+
+def owner(connection: Any, key: OnceKey) -> str | None:
+    """The task id of the delivery that committed this key, None when it is not recorded."""
+    with connection.cursor() as cursor:
+        cursor.execute(queries()["key_owner"], {"scope": key.scope, "key": key.key})
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
+
+
+# --- purge ------------------------------------------------------------------------------------
+
+
+def _purge_chunk(alias: str, cutoff: Any, chunk_size: int) -> int:
+    """Delete one chunk in its own transaction; return how many keys went."""
+    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
+        cur.execute(queries()["purge_records_chunk"], {"cutoff": cutoff, "chunk": chunk_size})
+        return int(cur.rowcount)
+
+
+def _plan(alias: str, cutoff: Any) -> dict[str, int]:
+    """How many keys per task name are older than the cut-off (the dry-run report)."""
+    with connections[alias].cursor() as cur:
+        cur.execute(queries()["records_older_than_by_task"], {"cutoff": cutoff})
+        return {str(name): int(count) for name, count in cur.fetchall()}
+
+
+def _cutoff(alias: str, days: int) -> Any:
+    """now() on the database's clock minus `days`, the clock created_at uses."""
+    with connections[alias].cursor() as cur:
+        cur.execute(queries()["database_now"])
+        return cur.fetchone()[0] - timedelta(days=days)
+
+
+def purge(
+    older_than_days: int | None = None,
+    *,
+    dry_run: bool = False,
+    chunk_size: int = CHUNK_SIZE,
+    using: str | None = None,
+) -> PurgeResult:
+    """Delete keys older than N days (default: the retention setting), chunk by chunk."""
+    days = conf.inbox_retention_days() if older_than_days is None else older_than_days
+    if days < 0 or chunk_size < 1:
+        raise ConfigurationError("older_than_days must be >= 0 and chunk_size >= 1")
+    alias = using or conf.database_alias()
+    cutoff = _cutoff(alias, days)
+    if dry_run:
+        plan = _plan(alias, cutoff)
+        return PurgeResult(
+            cutoff=cutoff, deleted=sum(plan.values()), chunks=0, by_task=plan, dry_run=True
+        )
+    deleted = chunks = 0
+    while True:
+        count = _purge_chunk(alias, cutoff, chunk_size)
+        deleted, chunks = deleted + count, chunks + (count > 0)
+        if count < chunk_size:
+            break
+    log.info("outbox.inbox_purged", deleted=deleted, chunks=chunks, older_than_days=days)
+    return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
+
+
+# --- stats ------------------------------------------------------------------------------------
+
+
+UNAVAILABLE = {
+    "missing": "not installed: run `python manage.py migrate outbox_notify`",
+    "denied": "not readable: this role needs SELECT on outbox_notify_inbox_v1",
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class InboxStats:
+    """How many keys the inbox holds and how old the oldest is; None when it cannot be read."""
+
+    records: int | None
+    records_exact: bool
+    oldest_seconds: float | None
+    unavailable: str | None = None  # why there are no figures
+
+    def as_dict(self) -> dict[str, Any]:
+        """The figures under the keys `outbox_stats --format json` adds."""
+        return {"inbox_records": self.records, "inbox_oldest_seconds": self.oldest_seconds}
+
+
+def _scalar(cur: stats.Cursor, name: str, params: dict[str, Any] | None = None) -> Any:
+    cur.execute(queries()[name], params)
+    row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+def _count(cur: stats.Cursor, limit: int) -> tuple[int, bool]:
+    """Exact count while under `limit` keys, else the planner's estimate (never below limit)."""
+    counted = int(_scalar(cur, "count_records_upto", {"limit": limit + 1}))
+    if counted <= limit:
+        return counted, True
+    plan = _scalar(cur, "estimate_records")
+    plan = json.loads(plan) if isinstance(plan, str | bytes) else plan
+    return max(int(plan[0]["Plan"]["Plan Rows"]), counted), False
+
+
+def collect_stats(connection: Any, *, exact_limit: int = stats.EXACT_LIMIT) -> InboxStats:
+    """Count the inbox through a psycopg `Connection` or a Django connection."""
+    with stats.cursor(connection) as cur:
+        state = _scalar(cur, "inbox_readable")
+        if state != "ok":
+            return InboxStats(
+                records=None,
+                records_exact=True,
+                oldest_seconds=None,
+                unavailable=UNAVAILABLE[state],
+            )
+        records, exact = _count(cur, exact_limit)
+        oldest = float(_scalar(cur, "oldest_record") or 0.0)
+        return InboxStats(records=records, records_exact=exact, oldest_seconds=oldest)
+
+
+def format_text(figures: InboxStats) -> str:
+    """The inbox lines of `outbox_stats`' text form; estimates are marked with '~'."""
+    if figures.records is None:
+        return f"inbox_records          ({figures.unavailable})"
+    mark = "" if figures.records_exact else "~"
+    return (
+        f"inbox_records          {mark}{figures.records}\n"
+        f"inbox_oldest_seconds   {figures.oldest_seconds or 0.0:.1f}"
+    )

@@ -1,0 +1,361 @@
+"""OnceTask in the test process against a real PostgreSQL: the inbox, retries, concurrency.
+
+Tasks run through Celery's own tracer, eagerly (`apply`) as tests and `task_always_eager` run
+them, and in-process the way a worker runs a delivery (`deliver` below). Real workers are in
+tests/acceptance/test_once_worker.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import structlog
+from celery import states
+from celery.app.trace import build_tracer
+from django.db import connections, transaction
+
+from outbox_notify import OnceTask, signals
+from outbox_notify.exceptions import OnceKeyError
+from outbox_notify.models import InboxRecord, OutboxMessage
+from tests.celery_app import app
+from tests.once_tasks import (
+    GATES,
+    MAX_RETRIES,
+    Gate,
+    autoretrying,
+    commit_fails,
+    confirm_order,
+    effect,
+    retrying,
+    ship_order,
+)
+from tests.relay_support import wait_for
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+# transaction=True: what a body commits is the point, and the concurrency tests run deliveries
+# on other connections, which see only committed rows.
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def effects(marker: str | None = None) -> list[Effect]:
+    rows = Effect.objects.order_by("id")
+    return list(rows.filter(marker=marker) if marker else rows)
+
+
+def keys() -> list[tuple[str, str, str]]:
+    return list(InboxRecord.objects.order_by("id").values_list("scope", "key", "task_id"))
+
+
+def deliver(task: Any, args: tuple[Any, ...], task_id: str, retries: int = 0) -> Any:
+    """Run one delivery as a worker would (not eager): Celery's tracer, no result stored."""
+    tracer = build_tracer(task.name, task, app=app, eager=False, propagate=False)
+    request = {"id": task_id, "retries": retries, "ignore_result": True, "delivery_info": {}}
+    return tracer(task_id, args, {}, request)
+
+
+@pytest.fixture
+def skipped() -> Iterator[list[dict[str, Any]]]:
+    """What outbox_duplicate_skipped receivers got, one dict per signal."""
+    received: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        received.append({"sender": sender, **kwargs})
+
+    signals.outbox_duplicate_skipped.connect(receiver)
+    yield received
+    signals.outbox_duplicate_skipped.disconnect(receiver)
+
+
+def test_a_delivery_commits_its_key_and_its_effects_together() -> None:
+    """The body's return value is the result; the inbox holds (task name, task id)."""
+    task_id = new_id()
+    result = effect.apply(("one",), task_id=task_id)
+    assert (result.state, result.result) == (states.SUCCESS, "one")
+    assert [e.task_id for e in effects("one")] == [task_id]
+    assert keys() == [("tests.once.effect", task_id, task_id)]
+
+
+def test_a_second_delivery_of_a_committed_id_is_skipped_logged_and_signalled(
+    skipped: list[dict[str, Any]],
+) -> None:
+    """Same task id again: the body does not run; Celery's state is IGNORED (result untouched)."""
+    task_id = new_id()
+    effect.apply(("first",), task_id=task_id)
+    with structlog.testing.capture_logs() as logs:
+        again = effect.apply(("second",), task_id=task_id)
+    assert again.state == states.IGNORED
+    assert [e.marker for e in effects()] == ["first"]
+    [event] = [e for e in logs if e["event"] == "outbox.duplicate_skipped"]
+    assert event == {
+        "event": "outbox.duplicate_skipped",
+        "log_level": "info",
+        "task_id": task_id,
+        "task_name": "tests.once.effect",
+        "scope": "tests.once.effect",
+        "key_from": "task_id",
+        "first_task_id": task_id,
+    }
+    assert skipped == [
+        {
+            "sender": "outbox_notify",
+            "signal": signals.outbox_duplicate_skipped,
+            "task_id": task_id,
+            "task_name": "tests.once.effect",
+            "scope": "tests.once.effect",
+            "key": task_id,
+            "first_task_id": task_id,
+        }
+    ]
+
+
+def test_a_raising_body_leaves_no_key_and_no_effect_and_runs_again() -> None:
+    """A failure rolls key and effects back together; the next delivery of the id runs."""
+    task_id = new_id()
+    failed = effect.apply(("boom",), {"fail": True}, task_id=task_id)
+    assert failed.state == states.FAILURE
+    assert isinstance(failed.result, RuntimeError)
+    assert (effects(), keys()) == ([], [])
+    again = effect.apply(("fixed",), task_id=task_id)
+    assert again.state == states.SUCCESS
+    assert [e.marker for e in effects()] == ["fixed"]
+
+
+def test_tasks_the_body_enqueues_commit_and_roll_back_with_it() -> None:
+    """task.delay() in the body writes its outbox row in the body's transaction."""
+    effect.apply(("kept",), {"enqueue": True})
+    effect.apply(("dropped",), {"enqueue": True, "fail": True})
+    rows = OutboxMessage.objects.filter(task_name="tests.record")
+    assert [row.args for row in rows] == [["kept"]]
+
+
+def test_self_retry_rolls_back_every_failed_attempt() -> None:
+    """self.retry(): attempts 0 and 1 leave nothing; attempt 2's effect commits, once."""
+    result = retrying.apply(("retried", 2))
+    assert (result.state, result.result) == (states.SUCCESS, 2)
+    assert [e.attempt for e in effects("retried")] == [2]
+    assert len(keys()) == 1
+
+
+def test_autoretry_for_rolls_back_every_failed_attempt() -> None:
+    """autoretry_for: the same as self.retry(), through Celery's autoretry wrapper."""
+    result = autoretrying.apply(("auto", 3))
+    assert (result.state, result.result) == (states.SUCCESS, 3)
+    assert [e.attempt for e in effects("auto")] == [3]
+
+
+def test_autoretry_for_covers_a_failing_commit() -> None:
+    """An error raised by COMMIT (after the body returned) is retried by autoretry_for too."""
+    result = commit_fails.apply(("at-commit", 2))
+    assert (result.state, result.result) == (states.SUCCESS, 2)
+    assert [e.attempt for e in effects("at-commit")] == [2]
+
+
+def test_retries_exhausted_leave_no_key_and_no_effect() -> None:
+    """After max_retries the task fails with nothing committed, so a redelivery would run."""
+    result = autoretrying.apply(("exhausted", MAX_RETRIES + 5))
+    assert result.state == states.FAILURE
+    assert isinstance(result.result, RuntimeError)
+    assert (effects(), keys()) == ([], [])
+
+
+def test_a_worker_retry_sends_the_retry_message_after_the_rollback() -> None:
+    """Not eager: the retry message (same id, retries+1) reaches the outbox; the attempt does not."""
+    task_id = new_id()
+    outcome = deliver(retrying, ("worker", 1), task_id)
+    assert outcome.info.state == states.RETRY
+    assert (effects(), keys()) == ([], [])
+    [row] = OutboxMessage.objects.filter(task_name="tests.once.retry")
+    assert row.task_id == task_id
+    assert row.options["headers"]["retries"] == 1
+    assert deliver(retrying, ("worker", 1), task_id, retries=1).info is None  # succeeded
+    assert [e.attempt for e in effects("worker")] == [1]
+
+
+def test_a_worker_duplicate_is_ignored_not_failed() -> None:
+    """In a worker's tracer the duplicate ends IGNORED, which Celery acknowledges."""
+    task_id = new_id()
+    assert deliver(effect, ("first",), task_id).info is None
+    outcome = deliver(effect, ("again",), task_id)
+    assert outcome.info.state == states.IGNORED
+    assert [e.marker for e in effects()] == ["first"]
+
+
+def test_a_direct_call_is_a_plain_function_call() -> None:
+    """task(...) runs the body without a delivery: nothing recorded, nothing skipped."""
+    assert effect("direct") == "direct"
+    assert effect("direct") == "direct"
+    assert len(effects("direct")) == 2
+    assert keys() == []
+
+
+def test_task_always_eager_records_the_key() -> None:
+    """With task_always_eager, delay() runs the body in the inbox like apply()."""
+    app.conf.task_always_eager = True
+    try:
+        result = effect.delay("eager")
+    finally:
+        app.conf.task_always_eager = False
+    assert result.state == states.SUCCESS
+    assert keys() == [("tests.once.effect", result.id, result.id)]
+
+
+def test_a_business_key_runs_once_per_key_whatever_the_task_id(
+    skipped: list[dict[str, Any]],
+) -> None:
+    """once_key: two messages for order 17 (two task ids) -> one effect; order 18 runs too."""
+    first = confirm_order.apply((17, "first"))
+    second = confirm_order.apply((17, "second"))
+    other = confirm_order.apply((18, "other"))
+    assert [first.state, second.state, other.state] == [
+        states.SUCCESS,
+        states.IGNORED,
+        states.SUCCESS,
+    ]
+    assert [e.marker for e in effects()] == ["first", "other"]
+    assert [s["first_task_id"] for s in skipped] == [first.id]
+    assert skipped[0]["key"] == "order:17"
+    assert ("tests.once.confirm", "order:17", first.id) in keys()
+
+
+def test_two_tasks_with_the_same_key_do_not_collide() -> None:
+    """Keys are scoped by task name: confirm and ship of order 17 both run."""
+    confirm_order.apply((17, "confirm"))
+    ship_order.apply((17, "ship"))
+    assert [e.marker for e in effects()] == ["confirm", "ship"]
+
+
+def test_tasks_sharing_a_scope_share_their_keys() -> None:
+    """once_scope set on two tasks makes a key recorded by one skip the other."""
+
+    @app.task(
+        name="tests.once.scoped_a", base=OnceTask, bind=True, once_scope="orders", once_key=str
+    )
+    def scoped_a(self: Any, order_id: int) -> None:
+        Effect.objects.create(marker="a", task_id=self.request.id, attempt=0)
+
+    @app.task(
+        name="tests.once.scoped_b", base=OnceTask, bind=True, once_scope="orders", once_key=str
+    )
+    def scoped_b(self: Any, order_id: int) -> None:
+        Effect.objects.create(marker="b", task_id=self.request.id, attempt=0)
+
+    assert scoped_a.apply((5,)).state == states.SUCCESS
+    assert scoped_b.apply((5,)).state == states.IGNORED
+    assert [e.marker for e in effects()] == ["a"]
+    assert keys()[0][:2] == ("orders", "5")
+
+
+def test_a_key_that_cannot_be_stored_fails_at_the_call_and_writes_nothing() -> None:
+    """apply_async() runs once_key first: a bad key raises OnceKeyError in the caller."""
+    with pytest.raises(OnceKeyError, match="NUL"), transaction.atomic():
+        confirm_order.apply_async(("a\x00b", "nul"))
+    assert not OutboxMessage.objects.exists()
+
+
+def test_a_key_that_cannot_be_stored_fails_the_delivery() -> None:
+    """A message that reaches a worker with an unfit key fails; nothing is recorded."""
+    result = confirm_order.apply(("x" * 300, "long"))
+    assert result.state == states.FAILURE
+    assert isinstance(result.result, OnceKeyError)
+    assert (effects(), keys()) == ([], [])
+
+
+# --- two deliveries of one key at the same time ---------------------------------------------
+
+
+def _in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run target in a thread with its own Django connection; its result lands in the list."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(target())
+        except BaseException as exc:
+            out.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _waiting_on_a_lock() -> bool:
+    """Whether some session of this database waits on a lock inside the inbox insert."""
+    with connections["default"].cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE %s",
+            ["%INSERT INTO outbox_notify_inbox_v1%"],
+        )
+        return bool(cur.fetchone()[0])
+
+
+@pytest.fixture
+def gate() -> Iterator[tuple[str, Gate]]:
+    """A gate a body can wait at, released (and removed) after the test whatever happens."""
+    name = uuid.uuid4().hex
+    GATES[name] = Gate()
+    yield name, GATES[name]
+    GATES[name].release.set()
+    del GATES[name]
+
+
+def _race(
+    gate: tuple[str, Gate], *, first_fails: bool, isolation: str | None = None
+) -> tuple[Any, Any]:
+    """Delivery 1 holds the key uncommitted; delivery 2 of the same id starts and must wait."""
+    name, held = gate
+    task_id = new_id()
+
+    def second() -> Any:
+        if isolation:
+            with connections["default"].cursor() as cur:
+                cur.execute(
+                    f"SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL {isolation}"
+                )
+        return effect.apply(("second",), task_id=task_id)
+
+    one, first_out = _in_thread(lambda: effect.apply(("first",), {"gate": name}, task_id=task_id))
+    assert held.entered.wait(30), "the first delivery never reached its gate"
+    two, second_out = _in_thread(second)
+    wait_for(_waiting_on_a_lock, timeout=30, what="the second delivery to wait on the key")
+    assert two.is_alive()
+    assert second_out == []
+    held.fail = first_fails
+    held.release.set()
+    one.join(30)
+    two.join(30)
+    return first_out[0], second_out[0]
+
+
+def test_a_concurrent_duplicate_waits_for_the_first_then_skips(gate: tuple[str, Gate]) -> None:
+    """Two deliveries of one id at once: the second waits on the key, then skips. Never both."""
+    first, second = _race(gate, first_fails=False)
+    assert (first.state, second.state) == (states.SUCCESS, states.IGNORED)
+    assert [e.marker for e in effects()] == ["first"]
+
+
+def test_a_concurrent_duplicate_runs_when_the_first_rolls_back(gate: tuple[str, Gate]) -> None:
+    """If the delivery holding the key fails, the waiting one inserts the key and runs."""
+    first, second = _race(gate, first_fails=True)
+    assert (first.state, second.state) == (states.FAILURE, states.SUCCESS)
+    assert [e.marker for e in effects()] == ["second"]
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_concurrent_duplicate_skips_under_stricter_isolation(
+    gate: tuple[str, Gate], isolation: str
+) -> None:
+    """PostgreSQL raises a serialization failure there instead of doing nothing: still a skip."""
+    first, second = _race(gate, first_fails=False, isolation=isolation)
+    assert (first.state, second.state) == (states.SUCCESS, states.IGNORED)
+    assert [e.marker for e in effects()] == ["first"]
