@@ -13,6 +13,12 @@ PROBE_CHANNEL = "outbox_notify_v1_probe"
 WAKE_LOCK = (1869968482, 1)
 LISTEN_APPLICATION_NAME = "outbox_notify.listen"
 CLAIM_APPLICATION_NAME = "outbox_notify.claim"
+# One broker step (a publish, a batch's pipeline, a declaration) writes within --send-timeout
+# and gets its reply or publisher confirms within another --send-timeout.
+SEND_TIMEOUTS_PER_STEP = 2
+# The share of --stale-timeout a claim may spend publishing; the rest is left for finalising
+# before the server's idle_in_transaction_session_timeout can end the claim.
+PUBLISH_SHARE = 0.8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,13 +59,25 @@ class RelayConfig:
                 raise ConfigurationError(
                     f"--{name.replace('_', '-')} must be a positive number of seconds"
                 )
-        if self.stale_timeout <= self.send_timeout:
-            raise ConfigurationError("--stale-timeout must be longer than --send-timeout")
+        if self.step_worst_case > self.publish_budget:
+            raise ConfigurationError(
+                f"--stale-timeout ({self.stale_timeout:g} s) is too short for --send-timeout "
+                f"({self.send_timeout:g} s): one publish may take --send-timeout to write and "
+                f"--send-timeout again for its reply or confirms, and must end within "
+                f"{PUBLISH_SHARE:.0%} of --stale-timeout, so --stale-timeout must be at least "
+                f"{SEND_TIMEOUTS_PER_STEP / PUBLISH_SHARE:g} x --send-timeout "
+                f"({self.send_timeout * SEND_TIMEOUTS_PER_STEP / PUBLISH_SHARE:g} s)"
+            )
         if self.stale_timeout <= self.sweep_interval:
             # A sleeping relay must speak within --stale-timeout or the server ends its session.
             raise ConfigurationError("--stale-timeout must be longer than --sweep-interval")
 
     @property
     def publish_budget(self) -> float:
-        """Seconds a batch may spend publishing before its claim risks going stale."""
-        return self.stale_timeout * 0.8
+        """Seconds after its claim by which a batch's last broker step must have ended."""
+        return self.stale_timeout * PUBLISH_SHARE
+
+    @property
+    def step_worst_case(self) -> float:
+        """Seconds one broker step may take at worst (write, then reply or confirms)."""
+        return self.send_timeout * SEND_TIMEOUTS_PER_STEP
