@@ -233,10 +233,9 @@ class AmqpConfirmPublisher:
         built: dict[int, tuple[str, str, Any]] = {}
         for index, message in enumerate(messages):
             try:
-                with structlog.contextvars.bound_contextvars(**message.log_context):
-                    if not self._entities(session, producer, message, deadline):
-                        continue  # no time left for a declaration: released untouched
-                    built[index] = self._build(session, message)
+                if not self._entities(session, producer, message, deadline):
+                    continue  # no time left for a declaration: released untouched
+                built[index] = self._build(session, message)
             except self.general.outage_errors:
                 raise
             except Exception as exc:
