@@ -80,7 +80,7 @@ def main() -> None:
     conn = amqp.Connection(
         f"{parts.hostname}:{parts.port or 5672}",
         userid=parts.username or "guest",
-        password=parts.password or "guest",  # noqa: S106 - RabbitMQ's default account
+        password=parts.password or "guest",
     )
     conn.connect()
     channel = conn.channel()
