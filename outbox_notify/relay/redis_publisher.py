@@ -46,7 +46,7 @@ def _special_queue(queue: dict[str, Any]) -> bool:
 
 def _eligible(message: OutgoingMessage, expiring: Any) -> bool:
     spec = message.spec
-    if spec.exchange != "" or not spec.routing_key:
+    if not isinstance(spec.exchange, str) or spec.exchange or not spec.routing_key:
         return False
     if spec.serializer != "json" or spec.compression:
         return False
@@ -212,6 +212,11 @@ class RedisPipelinePublisher:
         for key, values in payloads.items():
             pipe.lpush(key, *values)
         results = pipe.execute(raise_on_error=False)
+        for reply in results:
+            if isinstance(reply, Exception) and str(reply).startswith("Protocol error"):
+                # Redis replies this and then closes the connection (a command beyond
+                # proto-max-bulk-len, say): the send broke it, whatever else it says.
+                raise ConnectionError(f"Redis closed the connection: {reply}")
         return {key: _reply_attempt(reply) for key, reply in zip(payloads, results, strict=True)}
 
 
