@@ -40,15 +40,19 @@ class Isolation:
             return [list(range(len(messages)))]
         suspects = self.suspects
         clear = [i for i, m in enumerate(messages) if m.row.id not in suspects]
-        suspected = sorted(
-            (i for i, m in enumerate(messages) if m.row.id in suspects),
-            key=lambda i: (-suspects[messages[i].row.id], i),
-        )
+        tiers: dict[int, list[int]] = {}
+        for i, message in enumerate(messages):
+            if message.row.id in suspects:
+                tiers.setdefault(suspects[message.row.id], []).append(i)
         groups = [clear] if clear else []
-        while suspected:
-            half = (len(suspected) + 1) // 2
-            groups.append(suspected[:half])
-            suspected = suspected[half:]
+        # The most suspicious first (the group that broke last), each tier by halves: a
+        # break narrows the search to one half, a success clears it.
+        for count in sorted(tiers, reverse=True):
+            tier = tiers[count]
+            while tier:
+                half = (len(tier) + 1) // 2
+                groups.append(tier[:half])
+                tier = tier[half:]
         return groups
 
     def broke(self, ids: Sequence[int]) -> bool:
