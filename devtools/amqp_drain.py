@@ -59,6 +59,11 @@ def _enqueue(env: dict[str, str], backlog: int) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _count(channel: amqp.Channel, queue: str) -> int:
     return int(channel.queue_declare(queue, passive=True).message_count)
 
@@ -98,13 +103,16 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         time.sleep(3)  # the relay connects and settles
+        cpu_before = _cpu_seconds(relay.pid)
         committed = _enqueue(env, args.backlog)
         while _count(channel, queue) < args.backlog:
             time.sleep(0.01)
         seconds = time.time() - committed
+        cpu = _cpu_seconds(relay.pid) - cpu_before
         print(
             f"{args.backlog} messages in {seconds:.2f} s: {args.backlog / seconds:,.0f} msg/s "
-            f"(batch size {args.batch_size}, durable queue, persistent, confirms)"
+            f"(batch size {args.batch_size}, durable queue, persistent, confirms); "
+            f"relay CPU {cpu / args.backlog * 1e6:.0f} us/message"
         )
     finally:
         if relay is not None:
