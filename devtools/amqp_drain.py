@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672//")
     parser.add_argument("--database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--profile", help="write the relay's cProfile statistics to this file")
     args = parser.parse_args()
     db_name = f"amqp_drain_{uuid.uuid4().hex[:8]}"
     queue = f"amqp-drain-{uuid.uuid4().hex[:8]}"
@@ -95,8 +96,17 @@ def main() -> None:
         subprocess.run(
             [sys.executable, "-m", "django", "migrate", "-v0"], env=env, cwd=ROOT, check=True
         )
+        profile = ["-m", "cProfile", "-o", args.profile] if args.profile else []
         relay = subprocess.Popen(
-            [sys.executable, "-m", "django", "outbox_listen", "--batch-size", str(args.batch_size)],
+            [
+                sys.executable,
+                *profile,
+                "-m",
+                "django",
+                "outbox_listen",
+                "--batch-size",
+                str(args.batch_size),
+            ],
             env=env,
             cwd=ROOT,
             stdout=subprocess.DEVNULL,

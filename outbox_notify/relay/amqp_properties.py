@@ -24,9 +24,10 @@ _KEYS_REMEMBERED = 1024  # distinct header names (and property names) remembered
 
 def _same(a: Any, b: Any) -> bool:
     """Equal and of the same types all the way down (True == 1, but encodes differently)."""
-    if type(a) is not type(b):
+    kind = type(a)
+    if kind is not type(b):
         return False
-    if isinstance(a, _SCALARS):
+    if kind is str or kind is int or kind is bool or a is None or kind is bytes:
         return bool(a == b)
     if isinstance(a, list | tuple):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
@@ -62,7 +63,12 @@ class PropertyWriter:
         last = self.fields.get(key)
         if last is not None and _same(last[0], value):
             return last[1]
-        encoded: bytes = dumps(kind, (value,))
+        if kind == "s" and type(value) is str:
+            # py-amqp's shortstr: a length octet (struct refuses > 255), then UTF-8.
+            raw = value.encode("utf-8", "surrogatepass")
+            encoded = pack("B", len(raw)) + raw
+        else:
+            encoded = dumps(kind, (value,))
         self._remember(self.fields, key, value, encoded)
         return encoded
 
@@ -74,7 +80,13 @@ class PropertyWriter:
         last = self.entries.get(key)
         if last is not None and _same(last[0], value):
             return last[1]
-        encoded: bytes = dumps("F", ({key: value},))[4:]  # without the table's length
+        if type(value) is str:
+            # py-amqp's table entry for a string: shortstr name, 'S', long length, UTF-8.
+            name = key.encode("utf-8", "surrogatepass")
+            raw = value.encode("utf-8", "surrogatepass")
+            encoded = pack("B", len(name)) + name + pack(">cI", b"S", len(raw)) + raw
+        else:
+            encoded = dumps("F", ({key: value},))[4:]  # without the table's length
         self._remember(self.entries, key, value, encoded)
         return encoded
 
