@@ -169,9 +169,18 @@ class AmqpConfirmPublisher:
         self.general.close()
         self.session = self.session_of = None
 
-    def _ready(self) -> _Session | None:
-        """The live session (None when the gate sends everything the general way)."""
-        for attempt in range(2):
+    def abandon(self) -> None:
+        """Drop a broken or unresponsive connection without waiting for the broker."""
+        self.general.abandon()
+        self.session = self.session_of = None
+
+    def _ready(self, *, reconnect: bool = True) -> _Session | None:
+        """The live session (None when the gate sends everything the general way).
+
+        A connection found dead is replaced only when `reconnect` is set (check(), before a
+        claim); inside a claim it is an outage.
+        """
+        for attempt in range(2 if reconnect else 1):
             session = self._session(self.general.connect())
             if session is None:
                 return None
@@ -179,10 +188,9 @@ class AmqpConfirmPublisher:
                 self._poll(session)
                 session.raw.heartbeat_tick()
             except self.general.outage_errors as exc:
-                # Gone while idle (a forced close, missed heartbeats): reconnect now, before
-                # any claim, rather than inside one.
-                self.close()
-                if attempt:
+                # Gone while idle (a forced close, missed heartbeats).
+                self.abandon()
+                if attempt or not reconnect:
                     raise BrokerUnavailable(f"the broker connection broke: {exc}") from exc
                 continue
             return session
@@ -236,7 +244,7 @@ class AmqpConfirmPublisher:
     ) -> list[Attempt]:
         """Publish a batch; every message's attempt comes from its own confirm."""
         try:
-            session = self._ready()
+            session = self._ready(reconnect=self.general.producer is None)
         except BrokerUnavailable as exc:
             return [Attempt(Result.OUTAGE, str(exc))] * len(messages)
         producer = self.general.producer
@@ -250,7 +258,7 @@ class AmqpConfirmPublisher:
         try:
             attempts, built = self._prepare(session, producer, messages, deadline)
         except self.general.outage_errors as exc:
-            self.close()
+            self.abandon()
             return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
         self._send_groups(session, messages, built, deadline, attempts)
         return attempts
@@ -462,7 +470,7 @@ class AmqpConfirmPublisher:
             # clears, and check() refuses to claim until then, so nothing more is written.
             why += f" (RabbitMQ blocks publishing: {session.blocked})"
         else:
-            self.close()  # frozen or too slow: reconnect (before the next claim)
+            self.abandon()  # frozen or too slow: reconnect (before the next claim)
         for pos, result in enumerate(batch.results):
             if result is None:
                 batch.results[pos] = Attempt(Result.OUTAGE, why)
@@ -470,7 +478,7 @@ class AmqpConfirmPublisher:
     def _connection_lost(
         self, messages: Sequence[OutgoingMessage], batch: _Batch, exc: BaseException
     ) -> None:
-        self.close()
+        self.abandon()
         open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
         outage = Attempt(Result.OUTAGE, error_text(exc))
         for pos in open_positions:
@@ -495,7 +503,7 @@ class AmqpConfirmPublisher:
             session.channel.confirm_select()  # py-amqp reopened it, out of confirm mode
             session.next_tag = 1
         except Exception:
-            self.close()
+            self.abandon()
         open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
         for pos in open_positions:
             batch.results[pos] = Attempt(Result.SKIPPED)

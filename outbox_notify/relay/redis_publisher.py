@@ -155,7 +155,7 @@ class RedisPipelinePublisher:
                 # The round trip failed: we cannot know which LPUSHes the server ran, so
                 # every message of the group is retried later (a possible duplicate, never a
                 # loss), and nothing later is sent: no reconnect inside a claim.
-                self.fallback.close()
+                self.fallback.abandon()
                 self._lost(messages, group, groups[number + 1 :], exc, attempts)
                 break
         return attempts

@@ -198,3 +198,27 @@ def test_unroutable_and_missing_exchange_fail_only_their_message(
     assert "NOT_FOUND" in reasons[lost]
     wait_for(lambda: queue.has_all(good), what="the routable messages", context=relay.output)
     assert unroutable not in queue.ids
+
+
+def test_frozen_broker_is_an_outage_and_everything_arrives_after(
+    start_relay: Any, rabbit_env: dict[str, Any], private_rabbit: Any, queue_name: str
+) -> None:
+    """RabbitMQ SIGSTOPped: confirms time out as outages, nothing dies, all arrive on SIGCONT."""
+    queue = RabbitQueue(private_rabbit.url(), queue_name)
+    queue.declare()
+    relay = start_relay("--send-timeout", "1", "--max-retries", "1", *QUICK, env=rabbit_env)
+    ready(relay)
+    private_rabbit.freeze()
+    try:
+        ids = enqueue(queue_name, count=30)
+        wait_for(
+            lambda: "outbox.breaker_opened" in relay.output(),
+            what="the breaker opening",
+            context=relay.output,
+        )
+        _unspent()
+    finally:
+        private_rabbit.thaw()
+    wait_for(lambda: queue.has_all(ids), what="publishes after the thaw", context=relay.output)
+    wait_for(lambda: not OutboxMessage.objects.exists(), what="the rows deleted")
+    assert not DeadLetter.objects.exists()
