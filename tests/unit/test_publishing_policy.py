@@ -198,3 +198,17 @@ def test_outcome_policy_spends_retries_on_failures_only() -> None:
     )
     assert [r.id for _, r in decided.retried] == [1]
     assert [d.id for _, d in decided.dead] == [2]
+
+
+def test_the_smallest_allowed_stale_timeout_still_publishes_after_a_slow_claim() -> None:
+    """At --stale-timeout = 2.5 x --send-timeout a step still fits after a 0.4 s claim."""
+    config = RelayConfig(stale_timeout=5.0, send_timeout=2.0)
+    clock = Clock()
+    started = clock.now
+    clock.now += 0.4  # claiming and preparing the batch took 8 % of --stale-timeout
+    deadline = PublishDeadline(
+        clock=clock, claim_end=started + config.publish_budget, stop_end=lambda: None
+    )
+    assert deadline.allows(config.step_worst_case)
+    clock.now += config.step_worst_case
+    assert not deadline.allows(config.step_worst_case)
