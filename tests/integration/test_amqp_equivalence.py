@@ -32,7 +32,8 @@ def broker(amqp_url: str) -> Iterator[amqp.Channel]:
 @pytest.fixture
 def publishers(amqp_url: str) -> Iterator[tuple[KombuPublisher, AmqpConfirmPublisher]]:
     """kombu's general path and the fast path, each on its own connection."""
-    app = celery.Celery("amqp-equivalence", broker=amqp_url)
+    # Not the current app: other tests check which app this thread would send through.
+    app = celery.Celery("amqp-equivalence", broker=amqp_url, set_as_current=False)
     general = KombuPublisher(app, send_timeout=5)
     fast = AmqpConfirmPublisher(KombuPublisher(app, send_timeout=5))
     try:

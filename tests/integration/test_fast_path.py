@@ -87,7 +87,8 @@ def test_fast_path_envelope_equals_kombus(
 
 
 def _redis_app(redis_url: str, **transport_options: Any) -> celery.Celery:
-    redis_app = celery.Celery("fast-path-options", broker=redis_url)
+    # Not the current app: other tests check which app this thread would send through.
+    redis_app = celery.Celery("fast-path-options", broker=redis_url, set_as_current=False)
     redis_app.conf.broker_transport_options = transport_options
     return redis_app
 
