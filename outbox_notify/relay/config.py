@@ -13,6 +13,16 @@ PROBE_CHANNEL = "outbox_notify_v1_probe"
 WAKE_LOCK = (1869968482, 1)
 LISTEN_APPLICATION_NAME = "outbox_notify.listen"
 CLAIM_APPLICATION_NAME = "outbox_notify.claim"
+# One broker step (a publish, a batch's pipeline, a declaration) writes within --send-timeout
+# and gets its reply or publisher confirms within another --send-timeout.
+SEND_TIMEOUTS_PER_STEP = 2
+# Every broker step of a batch must end within this share of --stale-timeout after the claim
+# began; the rest is left for the finalising round trip, before the server's
+# idle_in_transaction_session_timeout could end the claim.
+PUBLISH_SHARE = 0.9
+# One step's worst case must fit in this share, so the first step still fits when claiming
+# and preparing the batch took up to the difference (10 % of --stale-timeout).
+FIRST_STEP_SHARE = 0.8
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,13 +63,25 @@ class RelayConfig:
                 raise ConfigurationError(
                     f"--{name.replace('_', '-')} must be a positive number of seconds"
                 )
-        if self.stale_timeout <= self.send_timeout:
-            raise ConfigurationError("--stale-timeout must be longer than --send-timeout")
+        if self.step_worst_case > self.stale_timeout * FIRST_STEP_SHARE:
+            minimum = SEND_TIMEOUTS_PER_STEP / FIRST_STEP_SHARE
+            raise ConfigurationError(
+                f"--stale-timeout ({self.stale_timeout:g} s) is too short for --send-timeout "
+                f"({self.send_timeout:g} s): one publish may take --send-timeout to write and "
+                f"--send-timeout again for its reply or confirms, and must fit in "
+                f"{FIRST_STEP_SHARE:.0%} of --stale-timeout, so --stale-timeout must be at least "
+                f"{minimum:g} x --send-timeout ({self.send_timeout * minimum:g} s)"
+            )
         if self.stale_timeout <= self.sweep_interval:
             # A sleeping relay must speak within --stale-timeout or the server ends its session.
             raise ConfigurationError("--stale-timeout must be longer than --sweep-interval")
 
     @property
     def publish_budget(self) -> float:
-        """Seconds a batch may spend publishing before its claim risks going stale."""
-        return self.stale_timeout * 0.8
+        """Seconds after its claim by which a batch's last broker step must have ended."""
+        return self.stale_timeout * PUBLISH_SHARE
+
+    @property
+    def step_worst_case(self) -> float:
+        """Seconds one broker step may take at worst (write, then reply or confirms)."""
+        return self.send_timeout * SEND_TIMEOUTS_PER_STEP

@@ -25,14 +25,19 @@ from pathlib import Path
 
 import structlog
 
-from outbox_notify.exceptions import DatabaseUnavailable, GaugeUnavailable, UndecodableMessage
+from outbox_notify.exceptions import (
+    BrokerUnavailable,
+    DatabaseUnavailable,
+    GaugeUnavailable,
+    UndecodableMessage,
+)
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
-from outbox_notify.relay.publisher import Publisher
+from outbox_notify.relay.publisher import PublishDeadline, Publisher
 from outbox_notify.relay.reporting import (
     BatchReport,
     LogReporter,
@@ -311,6 +316,11 @@ class Relay:
 
     def process_batch(self) -> tuple[int, bool]:
         """Claim, publish, finalise one batch; return (rows claimed, broker outage?)."""
+        try:
+            self.publisher.check()  # connect before claiming: never reconnect inside a claim
+        except BrokerUnavailable as exc:
+            self._record_outage(0, str(exc))
+            return 0, True
         started = self.clock.monotonic()
         with self.store.claim(self.config.batch_size) as claim:
             if not claim.rows:
@@ -330,16 +340,15 @@ class Relay:
                 ready.append(messages.prepare(row, now))
             except UndecodableMessage as exc:
                 undecodable.append((row, str(exc)))
-        budget_end = started + self.config.publish_budget
 
-        def past_deadline() -> bool:
-            now_mono = self.clock.monotonic()
-            if now_mono > budget_end:
-                return True
+        def stop_end() -> float | None:
             stop = self.stop_requested_at
-            return stop is not None and now_mono > stop + self.config.shutdown_timeout
+            return None if stop is None else stop + self.config.shutdown_timeout
 
-        attempts = self.publisher.publish(ready, past_deadline) if ready else []
+        deadline = PublishDeadline(
+            clock=self.clock, claim_end=started + self.config.publish_budget, stop_end=stop_end
+        )
+        attempts = self.publisher.publish(ready, deadline) if ready else []
         return self.policy.decide(
             list(zip((m.row for m in ready), attempts, strict=True)), undecodable
         )
@@ -351,21 +360,17 @@ class Relay:
         )
         self.reporters.batch_committed(report)
         if decided.outages:
-            self._record_outage(decided)
+            self._record_outage(decided.outages, decided.outage_error)
         elif decided.published and self.breaker.record_success():
             log.info("outbox.breaker_closed")
 
-    def _record_outage(self, decided: Decided) -> None:
+    def _record_outage(self, deferred: int, error: str | None) -> None:
         if self.breaker.record_outage():
             log.error(
-                "outbox.breaker_opened",
-                cooldown=self.config.broker_outage_cooldown,
-                error=decided.outage_error,
+                "outbox.breaker_opened", cooldown=self.config.broker_outage_cooldown, error=error
             )
         else:
-            log.warning(
-                "outbox.broker_unavailable", deferred=decided.outages, error=decided.outage_error
-            )
+            log.warning("outbox.broker_unavailable", deferred=deferred, error=error)
 
     # -- liveness ------------------------------------------------------------------------
 

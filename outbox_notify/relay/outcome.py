@@ -27,18 +27,14 @@ class Decided:
 class OutcomePolicy:
     """Turns publish attempts into row outcomes (retries, backoff, dead letters).
 
-    A message during whose publish the broker connection broke is "blamed". The broker may
-    simply have gone down; but if the same message is blamed SUSPECT_LIMIT times in a row, it
-    is the message (too large, say) and not the broker: from then on it spends retries like
-    any ordinary failure, so it cannot wedge the relay at the head of the queue.
+    Only a FAILED attempt spends a retry: the publishers return it only when the broker
+    refused that message while accepting others (relay/isolation.py finds a message whose own
+    send breaks the connection). An OUTAGE never spends one, however often it happens.
     """
-
-    SUSPECT_LIMIT = 3
 
     def __init__(self, config: RelayConfig, backoff: Backoff) -> None:
         self.config = config
         self.backoff = backoff
-        self.suspects: dict[int, int] = {}
 
     def decide(
         self,
@@ -55,7 +51,7 @@ class OutcomePolicy:
         outages = skipped = 0
         outage_error = None
         for row, attempt in attempts:
-            result = self._effective(row, attempt)
+            result = attempt.result
             if result is Result.PUBLISHED:
                 published.append(row)
             elif result is Result.FAILED:
@@ -79,18 +75,6 @@ class OutcomePolicy:
             skipped=skipped,
             outage_error=outage_error,
         )
-
-    def _effective(self, row: ClaimedRow, attempt: Attempt) -> Result:
-        if attempt.result is not Result.OUTAGE or not attempt.blamed:
-            if attempt.result is Result.PUBLISHED:
-                self.suspects.pop(row.id, None)
-            return attempt.result
-        count = self.suspects.get(row.id, 0) + 1
-        if count >= self.SUSPECT_LIMIT:
-            self.suspects.pop(row.id, None)
-            return Result.FAILED
-        self.suspects[row.id] = count
-        return Result.OUTAGE
 
     def _fail(
         self,

@@ -15,12 +15,11 @@ from typing import Any
 
 from outbox_notify import conf, metrics, observability
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
+from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
-from outbox_notify.relay.publisher import KombuPublisher
-from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.reporting import Reporter
 from outbox_notify.relay.sent_events import SentEventPublisher
 from outbox_notify.relay.store import ClaimStore
@@ -62,11 +61,7 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         store=ClaimStore(params, stale_timeout=config.stale_timeout),
         listener=listener,
         publisher=ChordPublisher(
-            SentEventPublisher(
-                RedisPipelinePublisher(KombuPublisher(app, send_timeout=config.send_timeout)),
-                app,
-            ),
-            app,
+            SentEventPublisher(publisher_for(app, send_timeout=config.send_timeout), app), app
         ),
         metrics=metrics.from_settings(),
         reporters=reporters(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import json
 from typing import Any
@@ -20,7 +21,7 @@ from outbox_notify.serialization import build_row
 from tests.celery_app import app
 
 
-def claimed(queue: str, **options: Any) -> ClaimedRow:
+def claimed(queue: Any, **options: Any) -> ClaimedRow:
     """A row as the write side would have stored it for add(1, 2) routed to `queue`."""
     recorder = RecordingProducer()
     celery.Celery.send_task(
@@ -83,3 +84,114 @@ def test_fast_path_envelope_equals_kombus(
         {"k": "v"},
         messages.PLAIN_EMBED,
     ]
+
+
+def _redis_app(redis_url: str, **transport_options: Any) -> celery.Celery:
+    # Not the current app: other tests check which app this thread would send through.
+    redis_app = celery.Celery("fast-path-options", broker=redis_url, set_as_current=False)
+    redis_app.conf.broker_transport_options = transport_options
+    return redis_app
+
+
+def _keys(client: redis.Redis, queue: str) -> dict[bytes, list[dict[str, Any]]]:
+    found: dict[bytes, list[dict[str, Any]]] = {}
+    for key in client.keys(f"*{queue}*"):
+        found[key] = [normalised(raw) for raw in client.lrange(key, 0, -1)]
+    return found
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"global_keyprefix": "outbox-test-prefix:"}, {"priority_steps": [0, 5, 9]}],
+    ids=["global_keyprefix", "priority_steps"],
+)
+def test_fast_path_equals_kombu_with_transport_options(
+    redis_url: str, queue_name: str, options: dict[str, Any]
+) -> None:
+    """A key prefix or custom priority steps give the same keys and envelopes as kombu's."""
+    message = messages.prepare(claimed(queue_name, priority=7), dt.datetime.now(dt.UTC))
+    kombu_queue, fast_queue = f"{queue_name}-kombu", f"{queue_name}-fast"
+    kombu_publisher = KombuPublisher(_redis_app(redis_url, **options), send_timeout=5)
+    fast_publisher = RedisPipelinePublisher(
+        KombuPublisher(_redis_app(redis_url, **options), send_timeout=5)
+    )
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for publisher, queue in ((kombu_publisher, kombu_queue), (fast_publisher, fast_queue)):
+            spec = dataclasses.replace(message.spec, routing_key=queue, declare_json=[])
+            routed = dataclasses.replace(message, spec=spec)
+            assert publisher.publish([routed], lambda: False)[0].result is Result.PUBLISHED
+        via_kombu, via_fast_path = _keys(client, kombu_queue), _keys(client, fast_queue)
+    finally:
+        kombu_publisher.close()
+        fast_publisher.close()
+        for key in client.keys(f"*{queue_name}*"):
+            client.delete(key)
+    assert {k.replace(b"-kombu", b""): v for k, v in via_kombu.items()} == {
+        k.replace(b"-fast", b""): [_requeued(e, kombu_queue) for e in v]
+        for k, v in via_fast_path.items()
+    }
+    assert len(via_kombu) == 1
+
+
+def _requeued(envelope: dict[str, Any], queue: str) -> dict[str, Any]:
+    envelope["properties"]["delivery_info"]["routing_key"] = queue
+    return envelope
+
+
+def test_queue_with_x_expires_takes_kombus_path(
+    redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue declared with x-expires gets kombu's own publish (it refreshes the TTL)."""
+    import structlog
+    from kombu import Queue
+
+    app.conf.broker_url = redis_url
+    queue = Queue(queue_name, routing_key=queue_name, expires=60)
+    message = messages.prepare(claimed(queue), dt.datetime.now(dt.UTC))
+    assert message.spec.exchange == ""
+    assert message.spec.declare_json
+    kombu_publisher = KombuPublisher(app, send_timeout=5)
+    fast_publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        assert kombu_publisher.publish([message], lambda: False)[0].result is Result.PUBLISHED
+        kombu_ttl = client.pttl(queue_name)
+        client.delete(queue_name)
+        with structlog.testing.capture_logs() as logs:
+            assert fast_publisher.publish([message], lambda: False)[0].result is Result.PUBLISHED
+        fast_ttl = client.pttl(queue_name)
+        assert normalised(client.rpop(queue_name))["headers"]["id"] == message.row.task_id
+    finally:
+        kombu_publisher.close()
+        fast_publisher.close()
+        client.delete(queue_name)
+    assert (fast_ttl > 0) == (kombu_ttl > 0)
+    assert any(e["event"] == "outbox.fast_path_unavailable" for e in logs)
+
+
+def test_named_exchange_without_a_binding_fails_on_redis(redis_url: str, queue_name: str) -> None:
+    """kombu drops a message no queue is bound for; the relay fails it instead of counting it."""
+    from kombu import Exchange, Queue
+
+    app.conf.broker_url = redis_url
+    exchange = Exchange(f"{queue_name}-x", type="direct")
+    bound = Queue(queue_name, exchange, routing_key="work")
+    now = dt.datetime.now(dt.UTC)
+    good = messages.prepare(claimed(bound), now)
+    lost = messages.prepare(
+        claimed(queue_name, exchange=exchange, routing_key="nobody-listens"), now
+    )
+    publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        attempts = publisher.publish([good, lost], lambda: False)
+        waiting = [normalised(raw)["headers"]["id"] for raw in client.lrange(queue_name, 0, -1)]
+    finally:
+        publisher.close()
+        for key in client.keys(f"*{queue_name}*"):
+            client.delete(key)
+    assert attempts[0].result is Result.PUBLISHED
+    assert attempts[1].result is Result.FAILED
+    assert "unroutable" in (attempts[1].error or "")
+    assert waiting == [good.row.task_id]

@@ -62,14 +62,13 @@ def test_outage_spends_nothing_and_opens_the_breaker() -> None:
     assert r.breaker.wait_time() == 7.0
 
 
-def test_a_message_blamed_three_times_becomes_an_ordinary_failure() -> None:
-    """A message whose own publish breaks the connection each time stops counting as an outage."""
+def test_an_outage_never_spends_a_retry_however_often_it_repeats() -> None:
+    """Only the publisher's FAILED spends retries; the same row in outage forever keeps them."""
     store = FakeStore([row(1)])
-    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "reset", blamed=True)))
-    assert r.process_batch() == (1, True)
-    assert r.process_batch() == (1, True)
-    r.process_batch()
-    assert [x.id for x in store.finished[-1].retry] == [1]
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "reset")), max_retries=1)
+    for _ in range(10):
+        assert r.process_batch() == (1, True)
+    assert all(not o.retry and not o.dead for o in store.finished)
 
 
 def test_undecodable_rows_are_dead_lettered_without_publishing() -> None:

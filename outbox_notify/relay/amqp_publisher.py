@@ -1,0 +1,520 @@
+"""The RabbitMQ fast path: a batch on one confirm-mode channel, its confirms awaited once.
+
+kombu with `confirm_publish` sends one message and waits a round trip for its confirm before
+the next (~1,600 msg/s here). This publisher builds every message with kombu's own pieces (the
+serializer and compression Producer.publish uses, its delivery-mode and expiration rules, the
+channel's own prepare_message), writes the whole batch on a channel in confirm mode with
+`mandatory` set, then reads acks, nacks and returns until each delivery tag is settled or the
+step's deadline passes. Each message's outcome comes from its own delivery tag:
+
+- ack: published; ack after a basic.return of that message: failed, unroutable;
+- nack (a queue at its length limit with `reject-publish`, or a broker error): an outage;
+- no confirm in time, `connection.blocked`, a lost connection: an outage. Unconfirmed
+  messages may still be stored later, so they can be published twice (docs/concepts.md).
+
+A missing exchange would close the channel with the rest of the batch on it, so named
+exchanges are checked before the batch (a passive declare, once per connection and exchange),
+and queues are declared once per connection, each as a step of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import select
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import amqp
+import structlog
+from amqp import spec as amqp_spec
+from amqp.exceptions import ChannelError
+from amqp.method_framing import frame_writer
+from amqp.serialization import dumps as amqp_dumps
+from kombu import Exchange, Producer
+from kombu.common import maybe_declare
+from kombu.compression import compress
+from kombu.entity import maybe_delivery_mode
+from kombu.serialization import dumps as kombu_dumps
+
+from outbox_notify.exceptions import BrokerUnavailable
+from outbox_notify.relay import amqp_properties, gates
+from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
+from outbox_notify.relay.publisher import (
+    Attempt,
+    KombuPublisher,
+    Result,
+    culprit_error,
+    entity_names,
+    error_text,
+    is_break,
+    may_start,
+    unroutable_error,
+)
+
+log = structlog.get_logger("outbox_notify")
+
+_PUBLISH_ARGS = "Bssbb"  # ticket, exchange, routing key, mandatory, immediate
+_FLUSH_BYTES = 256 * 1024  # bytes of frames gathered before one socket write
+_MESSAGE = amqp_properties.Message if amqp_properties.AVAILABLE else amqp.Message
+_DEFAULT_EXCHANGE = Exchange("")
+_NACKED = (
+    "RabbitMQ refused the message (basic.nack): a queue at its length limit with "
+    "x-overflow reject-publish, or a broker error"
+)
+
+
+@dataclasses.dataclass(eq=False)
+class _Batch:
+    """The delivery tags of one written group and what became of each."""
+
+    first_tag: int
+    sent: list[tuple[int, str, str, Any]]  # (message index, exchange, routing key, message)
+    results: list[Attempt | None]
+    returned: dict[int, str] = dataclasses.field(default_factory=dict)
+    refused: dict[int, Attempt] = dataclasses.field(default_factory=dict)  # never written
+    low: int = 0  # first position not settled yet
+    open: int = 0  # positions not settled yet
+
+    def settle(self, tag: int, multiple: bool, nacked: bool) -> None:
+        position = tag - self.first_tag
+        if position < 0 or position >= len(self.sent):
+            return  # a tag of an earlier, abandoned group
+        for pos in range(self.low, position + 1) if multiple else (position,):
+            if self.results[pos] is None:
+                self.results[pos] = self._result(pos, nacked)
+                self.open -= 1
+        while self.low < len(self.sent) and self.results[self.low] is not None:
+            self.low += 1
+
+    def _result(self, position: int, nacked: bool) -> Attempt:
+        if nacked:
+            return Attempt(Result.OUTAGE, _NACKED)
+        if position in self.returned:
+            return Attempt(Result.FAILED, self.returned[position])
+        return Attempt(Result.PUBLISHED)
+
+    def on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+        task_id = (message.properties.get("application_headers") or {}).get("id")
+        for pos in range(self.low, len(self.sent)):
+            _, sent_exchange, sent_key, sent = self.sent[pos]
+            if self.results[pos] is not None or pos in self.returned:
+                continue
+            if (sent_exchange, sent_key) != (exchange, routing_key) or sent.body != body:
+                continue
+            if (sent.properties.get("application_headers") or {}).get("id") == task_id:
+                self.returned[pos] = unroutable_error(exchange, routing_key, exc)
+                return
+
+
+class _Frames:
+    """Collects what py-amqp's frame writer writes (it reuses its buffer, so each is copied)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: Any) -> None:
+        chunk = bytes(data)
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+
+    def take(self) -> bytes:
+        data = b"".join(self.chunks)
+        self.clear()
+        return data
+
+    def clear(self) -> None:
+        self.chunks, self.size = [], 0
+
+
+@dataclasses.dataclass(eq=False)
+class _Session:
+    """The fast path's state on one broker connection."""
+
+    raw: Any  # amqp.Connection
+    channel: Any  # in confirm mode, used for nothing else
+    frames: _Frames
+    writer: Any  # py-amqp's frame writer, writing into `frames`
+    next_tag: int = 1
+    blocked: str | None = None
+    batch: _Batch | None = None
+    exchanges: set[str] = dataclasses.field(default_factory=lambda: {""})
+    declared: set[str] = dataclasses.field(default_factory=set)
+    publish_args: dict[tuple[str, str], bytes] = dataclasses.field(default_factory=dict)
+
+
+class AmqpConfirmPublisher:
+    """Publishes each batch pipelined on one confirm-mode channel (see the module docstring)."""
+
+    def __init__(self, general: KombuPublisher) -> None:
+        self.general = general
+        self.isolation = general.isolation
+        self.send_timeout = general.send_timeout
+        self.session: _Session | None = None
+        self.session_of: Any = None  # the kombu producer the session belongs to
+
+    # -- connection ----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Connect, read what the broker announced, and refuse while it blocks publishers."""
+        session = self._ready()
+        if session is not None and session.blocked is not None:
+            raise BrokerUnavailable(f"RabbitMQ blocks publishing: {session.blocked}")
+
+    def close(self) -> None:
+        """Drop the broker connection."""
+        self.general.close()
+        self.session = self.session_of = None
+
+    def abandon(self) -> None:
+        """Drop a broken or unresponsive connection without waiting for the broker."""
+        self.general.abandon()
+        self.session = self.session_of = None
+
+    def _ready(self, *, reconnect: bool = True) -> _Session | None:
+        """The live session (None when the gate sends everything the general way).
+
+        A connection found dead is replaced only when `reconnect` is set (check(), before a
+        claim); inside a claim it is an outage.
+        """
+        for attempt in range(2 if reconnect else 1):
+            session = self._session(self.general.connect())
+            if session is None:
+                return None
+            try:
+                self._poll(session)
+                session.raw.heartbeat_tick()
+            except self.general.outage_errors as exc:
+                # Gone while idle (a forced close, missed heartbeats).
+                self.abandon()
+                if attempt or not reconnect:
+                    raise BrokerUnavailable(f"the broker connection broke: {exc}") from exc
+                continue
+            return session
+        return None  # pragma: no cover - the loop returns or raises
+
+    def _session(self, producer: Producer) -> _Session | None:
+        if producer is self.session_of:
+            return self.session
+        self.session_of, self.session = producer, None
+        channel: Any = producer.channel
+        raw = channel.connection
+        problem = gates.amqp_problem(raw, channel)
+        if problem is not None:
+            self.general.report_fallback(problem)
+            return None
+        frames = _Frames()
+        session = _Session(
+            raw=raw,
+            channel=self._confirm_channel(raw),
+            frames=frames,
+            writer=frame_writer(raw, frames),
+        )
+        raw.on_blocked = lambda reason: self._blocked(session, reason)
+        raw.on_unblocked = lambda: self._blocked(session, None)
+        self.session = session
+        return session
+
+    def _blocked(self, session: _Session, reason: str | None) -> None:
+        session.blocked = reason
+        log.warning("outbox.broker_blocked" if reason else "outbox.broker_unblocked", reason=reason)
+
+    def _settle(self, tag: int, multiple: bool, nacked: bool) -> None:
+        if self.session is not None and self.session.batch is not None:
+            self.session.batch.settle(tag, multiple, nacked)
+
+    def _returned(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+        if self.session is not None and self.session.batch is not None:
+            self.session.batch.on_return(exc, exchange, routing_key, message)
+
+    def _poll(self, session: _Session) -> None:
+        """Handle what the broker sent meanwhile (blocked, unblocked, late confirms, a close)."""
+        sock = session.raw.transport.sock
+        while select.select([sock], [], [], 0)[0]:
+            with contextlib.suppress(TimeoutError):
+                session.raw.drain_events(timeout=self.send_timeout)
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def publish(
+        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+    ) -> list[Attempt]:
+        """Publish a batch; every message's attempt comes from its own confirm."""
+        try:
+            session = self._ready(reconnect=self.general.producer is None)
+        except BrokerUnavailable as exc:
+            return [Attempt(Result.OUTAGE, str(exc))] * len(messages)
+        producer = self.general.producer
+        if session is None or producer is None:
+            if producer is None:
+                return [Attempt(Result.OUTAGE, "the broker cannot be reached")] * len(messages)
+            return self.general.publish_each(producer, messages, range(len(messages)), deadline)
+        if session.blocked is not None:
+            blocked = f"RabbitMQ blocks publishing: {session.blocked}"
+            return [Attempt(Result.OUTAGE, blocked)] * len(messages)
+        try:
+            attempts, built = self._prepare(session, producer, messages, deadline)
+        except self.general.outage_errors as exc:
+            self.abandon()
+            return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
+        self._send_groups(session, messages, built, deadline, attempts)
+        return attempts
+
+    def _prepare(
+        self,
+        session: _Session,
+        producer: Producer,
+        messages: Sequence[OutgoingMessage],
+        deadline: Callable[[], bool],
+    ) -> tuple[list[Attempt], dict[int, tuple[str, str, Any]]]:
+        """Declare, check exchanges and build each message; failures are that message's."""
+        attempts = [Attempt(Result.SKIPPED)] * len(messages)
+        built: dict[int, tuple[str, str, Any]] = {}
+        for index, message in enumerate(messages):
+            try:
+                if not self._entities(session, producer, message, deadline):
+                    continue  # no time left for a declaration: released untouched
+                built[index] = self._build(session, message)
+            except self.general.outage_errors:
+                raise
+            except Exception as exc:
+                attempts[index] = Attempt(Result.FAILED, error_text(exc))
+        return attempts, built
+
+    def _entities(
+        self,
+        session: _Session,
+        producer: Producer,
+        message: OutgoingMessage,
+        deadline: Callable[[], bool],
+    ) -> bool:
+        """Declare the message's queues and check its exchange exists, each once a connection."""
+        spec = message.spec
+        channel: Any = producer.channel
+        if spec.declare_json and not all(q["name"] in session.declared for q in spec.declare_json):
+            for entity in spec.declare:
+                if entity.name in session.declared:
+                    continue
+                if not may_start(deadline, self.general.step):
+                    return False
+                maybe_declare(entity, channel)
+                session.declared.add(entity.name)
+                if entity.exchange is not None:
+                    session.exchanges.add(entity.exchange.name)
+        exchange, _ = entity_names(message)
+        if exchange in session.exchanges:
+            return True
+        if not may_start(deadline, self.general.step):
+            return False
+        # NOT_FOUND closes the side channel (py-amqp reopens it); this message fails.
+        channel.exchange_declare(exchange=exchange, type="direct", passive=True)
+        session.exchanges.add(exchange)
+        return True
+
+    def _build(self, session: _Session, message: OutgoingMessage) -> tuple[str, str, Any]:
+        """The message exactly as kombu's Producer.publish would build it."""
+        spec = message.spec
+        properties = dict(spec.properties)
+        priority = properties.pop("priority", 0)
+        exchange = spec.exchange or _DEFAULT_EXCHANGE
+        if isinstance(exchange, Exchange):
+            name, mode = exchange.name, spec.delivery_mode or exchange.delivery_mode
+        else:
+            name, mode = exchange, spec.delivery_mode or _DEFAULT_EXCHANGE.delivery_mode
+        properties["delivery_mode"] = maybe_delivery_mode(mode)
+        if message.expiration is not None:
+            properties["expiration"] = str(int(message.expiration * 1000))
+        headers = dict(message.headers) if spec.compression else message.headers
+        if spec.serializer == "json":
+            content_type, encoding, body = JSON_CONTENT_TYPE, "utf-8", message.body.encode()
+        else:
+            content_type, encoding, body = kombu_dumps(message.body, serializer=spec.serializer)
+        if spec.compression:
+            body, headers["compression"] = compress(body, spec.compression)
+        built = session.channel.prepare_message(
+            body, priority, content_type, encoding, headers, properties, _Message=_MESSAGE
+        )
+        return name, spec.routing_key or "", built
+
+    def _send_groups(
+        self,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        built: dict[int, tuple[str, str, Any]],
+        deadline: Callable[[], bool],
+        attempts: list[Attempt],
+    ) -> None:
+        groups = self.isolation.plan(messages)
+        if len(built) != len(messages):
+            groups = [[i for i in group if i in built] for group in groups]
+        for number, group in enumerate(groups):
+            if not group:
+                continue
+            if not may_start(deadline, self.general.step):
+                break
+            if not self._send_group(session, messages, group, built, attempts):
+                lost = next(
+                    (a for a in (attempts[i] for i in group) if a.result is Result.OUTAGE),
+                    Attempt(Result.OUTAGE, "the broker connection was lost"),
+                )
+                for later in groups[number + 1 :]:
+                    for index in later:
+                        attempts[index] = lost
+                break
+
+    def _send_group(
+        self,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        group: list[int],
+        built: dict[int, tuple[str, str, Any]],
+        attempts: list[Attempt],
+    ) -> bool:
+        """Write a group and await its confirms; False when the connection is gone."""
+        started = time.monotonic()
+        write_end = started + self.send_timeout
+        end = started + self.general.step
+        batch = _Batch(first_tag=session.next_tag, sent=[], results=[])
+        session.batch = batch
+        try:
+            self._write(session, group, built, batch, write_end)
+            self._await(session, batch, end)
+        except ChannelError as exc:
+            self._channel_lost(session, messages, batch, exc)
+        except self.general.outage_errors as exc:
+            self._connection_lost(messages, batch, exc)
+        finally:
+            session.batch = None
+        for (index, *_), result in zip(batch.sent, batch.results, strict=True):
+            attempts[index] = result or Attempt(Result.SKIPPED)
+        for index, refused in batch.refused.items():
+            attempts[index] = refused
+        if self.isolation.suspects:
+            self.isolation.cleared(
+                [
+                    messages[i].row.id
+                    for i, *_ in batch.sent
+                    if attempts[i].result is Result.PUBLISHED
+                ]
+            )
+        return self.session is session and session.blocked is None
+
+    def _write(
+        self,
+        session: _Session,
+        group: list[int],
+        built: dict[int, tuple[str, str, Any]],
+        batch: _Batch,
+        write_end: float,
+    ) -> None:
+        # py-amqp's own frame writer, into a buffer: the group goes out in a few large writes
+        # instead of one system call per message, and the bytes are exactly py-amqp's.
+        frames = session.frames
+        frames.clear()
+        write = session.writer
+        channel_id = session.channel.channel_id
+        publish_args = session.publish_args
+        pending = 0  # messages in the buffer, not on the wire yet
+        for index in group:
+            if batch.sent and time.monotonic() > write_end:
+                break  # the rest stays unsent (SKIPPED): its confirms could not come in time
+            exchange, routing_key, message = built[index]
+            args = publish_args.get((exchange, routing_key))
+            if args is None:
+                args = amqp_dumps(_PUBLISH_ARGS, (0, exchange, routing_key, True, False))
+                publish_args[(exchange, routing_key)] = args
+            try:
+                write(1, channel_id, amqp_spec.Basic.Publish, args, message)
+            except Exception as exc:  # a header AMQP cannot encode (an integer over 64 bits)
+                batch.refused[index] = Attempt(Result.FAILED, error_text(exc))
+                continue
+            batch.sent.append((index, exchange, routing_key, message))
+            batch.results.append(None)
+            pending += 1
+            if frames.size >= _FLUSH_BYTES:
+                self._flush(session, batch, pending)
+                pending = 0
+        if pending and time.monotonic() > write_end:
+            # Too late to start another write: these stay unsent, their tags unused.
+            del batch.sent[-pending:], batch.results[-pending:]
+            frames.clear()
+        elif pending:
+            self._flush(session, batch, pending)
+
+    def _flush(self, session: _Session, batch: _Batch, count: int) -> None:
+        data = session.frames.take()
+        # Counted before the write: if it breaks part-way, these may have reached the broker.
+        batch.open += count
+        session.next_tag += count
+        session.raw.transport.write(data)
+
+    def _await(self, session: _Session, batch: _Batch, end: float) -> None:
+        while batch.open:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                session.raw.drain_events(timeout=remaining)
+            except TimeoutError:
+                break
+        if batch.open:
+            self._timed_out(session, batch)
+
+    def _timed_out(self, session: _Session, batch: _Batch) -> None:
+        why = f"no publisher confirm within {self.general.step:g} s"
+        if session.blocked is not None:
+            # Keep the connection: RabbitMQ stores what it already has once the alarm
+            # clears, and check() refuses to claim until then, so nothing more is written.
+            why += f" (RabbitMQ blocks publishing: {session.blocked})"
+        else:
+            self.abandon()  # frozen or too slow: reconnect (before the next claim)
+        for pos, result in enumerate(batch.results):
+            if result is None:
+                batch.results[pos] = Attempt(Result.OUTAGE, why)
+
+    def _connection_lost(
+        self, messages: Sequence[OutgoingMessage], batch: _Batch, exc: BaseException
+    ) -> None:
+        self.abandon()
+        open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
+        outage = Attempt(Result.OUTAGE, error_text(exc))
+        for pos in open_positions:
+            batch.results[pos] = outage
+        ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
+        if ids and is_break(exc) and self.isolation.broke(ids):
+            batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
+
+    def _channel_lost(
+        self,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        batch: _Batch,
+        exc: BaseException,
+    ) -> None:
+        # The broker closed the confirm channel for something one message did (an exchange
+        # deleted since it was checked, a message over its size limit): the rest of the group
+        # on that channel was discarded. Nothing is an outage; the unsettled messages are
+        # released, and become suspects so a culprit that keeps doing it is found.
+        session.exchanges = {""}
+        try:
+            session.channel.confirm_select()  # py-amqp reopened it, out of confirm mode
+            session.next_tag = 1
+        except Exception:
+            self.abandon()
+        open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
+        for pos in open_positions:
+            batch.results[pos] = Attempt(Result.SKIPPED)
+        ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
+        if ids and self.isolation.broke(ids):
+            batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
+
+    def _confirm_channel(self, raw: Any) -> Any:
+        channel = raw.channel()
+        channel.confirm_select()
+        channel.events["basic_ack"].add(lambda tag, multiple: self._settle(tag, multiple, False))
+        channel.events["basic_nack"].add(lambda tag, multiple: self._settle(tag, multiple, True))
+        channel.events["basic_return"].add(self._returned)
+        return channel

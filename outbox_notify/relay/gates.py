@@ -1,0 +1,83 @@
+"""Where the fast paths may be used: the versions their equivalence tests ran on.
+
+Both fast paths build each message with kombu's own code but send it through internals that
+no release promises to keep (kombu's Redis channel; py-amqp's channel and connection). They
+are used only with the kombu, py-amqp and redis-py releases that tests/integration/
+test_fast_path.py and test_amqp_equivalence.py passed on, and only when the channel in hand
+has every piece they use. Anywhere else, kombu's own Producer.publish sends every message
+(and `outbox.fast_path_unavailable` says why).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+from typing import Any
+
+# Inclusive (major, minor) ranges whose releases the equivalence tests ran on.
+KOMBU_TESTED = ((5, 3), (5, 7))
+AMQP_TESTED = ((5, 1), (5, 4))
+REDIS_TESTED = ((4, 5), (8, 1))
+
+REDIS_CHANNEL_NEEDS = (
+    "_q_for_pri",
+    "_get_message_priority",
+    "_inplace_augment_message",
+    "prepare_message",
+    "client",
+)
+AMQP_CHANNEL_NEEDS = ("send_method", "confirm_select", "events", "prepare_message")
+AMQP_CONNECTION_NEEDS = ("on_blocked", "on_unblocked", "drain_events", "transport")
+
+
+@functools.cache
+def version_of(distribution: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _minor(version: str) -> tuple[int, int]:
+    parts = [*version.split("."), "0", "0"][:2]
+    digits = ["".join(ch for ch in part if ch.isdigit()) or "0" for part in parts]
+    return int(digits[0]), int(digits[1])
+
+
+def _untested(distribution: str, tested: tuple[tuple[int, int], tuple[int, int]]) -> str | None:
+    version = version_of(distribution)
+    if version is None:
+        return f"{distribution} is not installed"
+    low, high = tested
+    if not low <= _minor(version) <= high:
+        return (
+            f"{distribution} {version} is outside the tested "
+            f"{low[0]}.{low[1]}-{high[0]}.{high[1]}.x"
+        )
+    return None
+
+
+def _missing(obj: Any, names: tuple[str, ...], what: str) -> str | None:
+    absent = [name for name in names if not hasattr(obj, name)]
+    return f"{what} lacks {', '.join(absent)}" if absent else None
+
+
+def redis_problem(channel: Any) -> str | None:
+    """Why the Redis fast path may not be used on this channel (None: it may)."""
+    return (
+        _untested("kombu", KOMBU_TESTED)
+        or _untested("redis", REDIS_TESTED)
+        or _missing(channel, REDIS_CHANNEL_NEEDS, "kombu's Redis channel")
+    )
+
+
+def amqp_problem(connection: Any, channel: Any) -> str | None:
+    """Why the AMQP fast path may not be used on this connection (None: it may)."""
+    return (
+        _untested("kombu", KOMBU_TESTED)
+        or _untested("amqp", AMQP_TESTED)
+        or _missing(connection, AMQP_CONNECTION_NEEDS, "the py-amqp connection")
+        or _missing(connection.transport, ("having_timeout", "sock"), "the py-amqp transport")
+        or _missing(channel, AMQP_CHANNEL_NEEDS, "the py-amqp channel")
+    )
