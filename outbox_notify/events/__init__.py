@@ -1,0 +1,8 @@
+"""Domain events through the outbox: published in the caller's transaction, consumed once.
+
+The wire format (CloudEvents 1.0, structured JSON mode) is in `envelope`.
+"""
+
+from outbox_notify.events.envelope import CONTENT_TYPE, Envelope, UndecodableEvent
+
+__all__ = ["CONTENT_TYPE", "Envelope", "UndecodableEvent"]
