@@ -13,11 +13,12 @@ the body stays the whole truth.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
+
+from kombu.utils import json as kombu_json
 
 from outbox_notify.exceptions import OutboxNotifyError
 
@@ -47,7 +48,11 @@ class UndecodableEvent(OutboxNotifyError):
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Envelope:
-    """One event as CloudEvents describes it; `data` is already plain JSON values."""
+    """One event as CloudEvents describes it.
+
+    `data` holds values kombu's JSON encodes (the rules task arguments follow: a datetime,
+    UUID or Decimal travels as kombu's typed object and comes back as itself on decode).
+    """
 
     id: str
     source: str
@@ -86,8 +91,8 @@ def _rfc3339(moment: datetime) -> str:
 
 
 def encode(envelope: Envelope) -> bytes:
-    """The structured-mode body: one JSON object, UTF-8, compact."""
-    text = json.dumps(envelope.attributes(), ensure_ascii=False, separators=(",", ":"))
+    """The structured-mode body: one JSON object in UTF-8, encoded by kombu's JSON."""
+    text: str = kombu_json.dumps(envelope.attributes())
     return text.encode("utf-8")
 
 
@@ -115,7 +120,7 @@ def _parse_time(value: Any) -> datetime:
 
 def _object(body: bytes | str) -> Mapping[str, Any]:
     try:
-        parsed = json.loads(body)
+        parsed = kombu_json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise UndecodableEvent(f"body is not JSON: {exc}") from exc
     if not isinstance(parsed, dict):

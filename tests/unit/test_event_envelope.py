@@ -90,3 +90,13 @@ def test_undecodable_bodies_say_why(body: bytes, reason: str) -> None:
     """Each malformed body raises UndecodableEvent naming what is wrong."""
     with pytest.raises(UndecodableEvent, match=reason):
         decode(body)
+
+
+def test_data_follows_kombu_json_rules() -> None:
+    """Datetimes and UUIDs in data come back as themselves, as task arguments do."""
+    import uuid
+
+    moment = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    ident = uuid.uuid4()
+    envelope = _envelope(data={"at": moment, "ref": ident})
+    assert decode(encode(envelope)).data == {"at": moment, "ref": ident}
