@@ -1,7 +1,8 @@
 """After a scenario: wait for the system to drain, then count every message.
 
-The rules (docs/reliability.md): every committed message executed at least once, no rolled-back
-message ever executed, poison rows where they belong, and nothing else left in the outbox.
+The rules (docs/reliability.md): every committed message executed at least once and its effect
+applied exactly once (OnceTask), no rolled-back message ever executed, poison rows where they
+belong, and nothing else left in the outbox.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ EXECUTIONS_SQL = """
 SELECT task_id, deliveries, redeliveries, extract(epoch FROM executed_at)::float8
 FROM chaos_execution WHERE scenario = %s
 """
+EFFECTS_SQL = "SELECT task_id, count(*) FROM chaos_effect WHERE scenario = %s GROUP BY task_id"
 ORDERS_SQL = "SELECT task_id FROM chaos_order WHERE task_id = ANY(%s)"
 DEAD_SQL = "SELECT task_id FROM outbox_notify_dead_letter_v1 WHERE task_id = ANY(%s)"
 OUTBOX_LEFT_SQL = "SELECT count(*) FROM outbox_notify_message_v1 WHERE NOT (task_id = ANY(%s))"
@@ -46,6 +48,12 @@ def executions(conn: psycopg.Connection[Any], scenario: str) -> dict[str, Execut
         str(task_id): Execution(deliveries=int(d), redeliveries=int(r), first_at=float(at))
         for task_id, d, r, at in rows
     }
+
+
+def effects(conn: psycopg.Connection[Any], scenario: str) -> Counter[str]:
+    """Effect rows per task id in this scenario (more than one would be a duplicate effect)."""
+    rows = conn.execute(EFFECTS_SQL, [scenario]).fetchall()
+    return Counter({str(task_id): int(n) for task_id, n in rows})
 
 
 def dead_lettered(conn: psycopg.Connection[Any], task_ids: set[str]) -> set[str]:
@@ -134,17 +142,22 @@ class DrainCheck:
     def poll(self, state: Drain) -> set[str] | None:
         """Refresh `state`; return the committed ids not executed yet (None: not quiet)."""
         kept = [row.task_id for row in self.rows if row.expect == "kept"]
+        committed = set(self.tally.committed)
         try:
             with self.conn_factory() as conn:
-                missing = set(self.tally.committed) - set(executions(conn, self.scenario))
+                executed = committed & set(executions(conn, self.scenario))
+                unapplied = executed - set(effects(conn, self.scenario))
+                missing = committed - executed
                 missing -= dead_lettered(conn, missing)  # given up on: nothing to wait for
                 state.leftover = outbox_leftover(conn, kept)
                 settled = poison.settled(conn, self.rows)
             state.broker_pending = int(self.broker.pending(self.queues))
         except Exception:  # a server still coming back is polled again
             return None
-        state.missing = len(missing)
-        return missing if settled else None
+        state.missing = len(missing | unapplied)
+        # Executed but without its effect yet: its transaction is still on its way (a
+        # delivery waiting out a database restart), so the system is not quiet.
+        return missing if settled and not unapplied else None
 
 
 def latency_figures(
@@ -200,8 +213,10 @@ def count(
     taken: set[str],
     dead: set[str],
     redelivered: set[str],
+    applied: Counter[str],
 ) -> dict[str, Any]:
-    """Committed, executed, lost (and where), duplicates (and why), rolled back but run.
+    """Committed, executed, effects applied, lost (and where), duplicates (and why), rolled
+    back but run.
 
     `journal`: ids the relays reported published; `published`: copies the broker stored per
     id (Redis: LPUSHes per MONITOR; RabbitMQ: first deliveries per its firehose); `taken`: ids
@@ -213,6 +228,9 @@ def count(
     (the relays sent it twice: a crash, a claim session lost, or a publish whose reply was
     lost; docs/reliability.md sources 1-3), or redelivered (sent once, delivered again by the
     broker after a worker lost its connection: source 4). One that is neither is untraced.
+
+    `applied`: effect rows per task id (the OnceTask body's row). Effects applied counts the
+    rows of committed ids, so a duplicate effect shows as applied > committed.
     """
     committed = set(tally.committed)
     never = tally.rolled_back | tally.aborted
@@ -227,6 +245,8 @@ def count(
     return {
         "committed": len(committed),
         "executed": len(executed),
+        "executions": sum(done[tid].deliveries for tid in executed),
+        **_effects(committed, applied, reached_broker),
         "lost": len(lost),
         "lost_sample": lost[:10],
         "lost_reported_published": len(set(lost) & journal),
@@ -251,6 +271,25 @@ def count(
         "rolled_back_executed": len(never & set(done)),
         "rolled_back_published": sum(1 for tid in never if published[tid]),
         "unknown_executed": len(set(done) - committed - never),
+    }
+
+
+def _effects(committed: set[str], applied: Counter[str], excused: set[str]) -> dict[str, Any]:
+    """Effects applied (rows of committed ids), and what is wrong with them if anything.
+
+    A committed id without its effect is missing unless it is `excused`: lost after the
+    broker had it (no worker ever ran it), a loss the broker's transport reports in its own
+    column and no inbox can undo.
+    """
+    missing = sorted(tid for tid in committed if not applied[tid] and tid not in excused)
+    twice = sorted(tid for tid in committed if applied[tid] > 1)
+    return {
+        "effects_applied": sum(applied[tid] for tid in committed),
+        "effects_missing": len(missing),
+        "effects_missing_sample": missing[:10],
+        "effects_twice": len(twice),
+        "effects_twice_sample": twice[:10],
+        "effects_unexpected": sum(n for tid, n in applied.items() if tid not in committed),
     }
 
 

@@ -1,4 +1,8 @@
-"""The chaos project's Celery app: one task that records each execution in the ledger.
+"""The chaos project's Celery app: one OnceTask that records each execution and its effect.
+
+`chaos.record` is an `OnceTask` whose body writes one effect row (chaos_effect) in the
+inbox's transaction; before that, every delivery, duplicates included, counts itself in
+chaos_execution. The suite compares effects applied with commits, executions with both.
 
 The same app serves both brokers (CHAOS_BROKER_URL: the private Redis or the private RabbitMQ
 node). On RabbitMQ the scenario `rabbit_queue_limit` sends its tasks to CAPPED_QUEUE, declared
@@ -22,7 +26,7 @@ if not apps.ready and not apps.loading:
 from kombu import Exchange, Queue
 
 from chaos.queues import CAPPED_LENGTH, CAPPED_QUEUE, DEFAULT_QUEUE
-from outbox_notify import OutboxCelery  # after setup: it needs the app registry
+from outbox_notify import OnceTask, OutboxCelery  # after setup: it needs the app registry
 
 # Unacknowledged messages (a worker that lost its broker connection) come back after this
 # long; short, so a run drains in seconds instead of Redis's default hour.
@@ -56,7 +60,7 @@ app = OutboxCelery("chaos")
 app.conf.update(
     broker_url=BROKER_URL,
     task_default_queue=os.environ.get("CHAOS_QUEUE", DEFAULT_QUEUE),
-    # Acknowledge after the ledger row is written: a task whose insert failed is redelivered.
+    # Acknowledge after the task ran: a worker lost mid-task has its messages delivered again.
     task_acks_late=True,
     task_ignore_result=True,
     worker_prefetch_multiplier=16,
@@ -77,11 +81,24 @@ app.conf.update(
 app.amqp.queues.add(_capped_queue())
 
 
-@app.task(name="chaos.record", bind=True)
-def record(self: Any, scenario: str, seq: int) -> None:
-    """Record one execution of this task id (first time, or once more) in the ledger."""
-    from chaos.ledger.record import record_execution
+class LedgerTask(OnceTask):
+    """OnceTask that counts every delivery in the execution ledger before deduplicating it."""
 
-    request = self.request
-    redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    record_execution(str(request.id), scenario, redelivered=redelivered)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from chaos.ledger.record import record_execution, through_outages
+
+        request = self.request
+        if request.called_directly:
+            return super().__call__(*args, **kwargs)
+        redelivered = bool((request.delivery_info or {}).get("redelivered"))
+        record_execution(str(request.id), str(args[0]), redelivered=redelivered)
+        # A duplicate raises Ignore here (skipped, acknowledged); not a database error.
+        return through_outages(lambda: OnceTask.__call__(self, *args, **kwargs))
+
+
+@app.task(name="chaos.record", bind=True, base=LedgerTask)
+def record(self: Any, scenario: str, seq: int) -> None:
+    """The effect: one row, committed with this task id's inbox key (so once per task id)."""
+    from chaos.ledger.record import apply_effect
+
+    apply_effect(str(self.request.id), scenario)

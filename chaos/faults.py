@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -28,6 +28,11 @@ SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
 WHERE application_name = %s AND datname = current_database()
 """
 FREEZE_EXTRA = 3.0  # seconds a frozen relay stays stopped beyond its --stale-timeout
+WORKER_RUNS = (0.5, 2.5)  # seconds a restarted worker consumes before it is killed again
+WORKER_READY_TIMEOUT = 60.0  # seconds for a restarted worker to be consuming again
+
+if TYPE_CHECKING:
+    from chaos.stations import Station
 
 
 @dataclasses.dataclass
@@ -38,6 +43,7 @@ class Lab:
     redis: PrivateRedis | None  # the scenario's broker: one of these two
     rabbit: ChaosRabbit | None
     worker: Process | None  # the Celery worker consuming the scenario's broker
+    station: Station | None  # that worker's broker station (kills and restarts it)
     relays: RelayGroup
     queue: str
     scenario: str
@@ -223,6 +229,24 @@ def freeze_relays(lab: Lab, duration: float) -> Window:
     fault_end = time.time()
     _sleep_until(end)
     return start, fault_end
+
+
+def kill_workers(lab: Lab, duration: float) -> Window:
+    """SIGKILL the Celery worker (`acks_late`, tasks in hand) once it consumes, restart it;
+    again and again for `duration` s. Its unacknowledged messages are delivered again."""
+    station = lab.station
+    if station is None:
+        raise RuntimeError("no worker station to kill")
+    start = time.time()
+    end = time.monotonic() + duration
+    while time.monotonic() < end:
+        ready_by = time.monotonic() + WORKER_READY_TIMEOUT
+        while not station.ready_since_start() and time.monotonic() < ready_by:
+            time.sleep(0.1)
+        time.sleep(lab.rng.uniform(*WORKER_RUNS))
+        station.kill_and_restart()
+        lab.event("SIGKILL the Celery worker, restarted")
+    return start, time.time()
 
 
 def write_poison(lab: Lab, duration: float) -> Window:

@@ -144,13 +144,13 @@ class Harness:
         )
         relays.start()
         supervisor = Supervisor(relays, self.heal_workers)
-        worker_exits_before = len(station.exits)
+        worker_exits_before, worker_kills_before = len(station.exits), station.kills
         try:
             self._wait_relays_ready(relays)
             supervisor.start()
             lab = faults.Lab(
                 pg=self.pg, redis=station.redis, rabbit=station.rabbit, worker=station.worker,
-                relays=relays, queue=scenario.queue, scenario=scenario.name, rng=rng,
+                station=station, relays=relays, queue=scenario.queue, scenario=scenario.name, rng=rng,
                 quick=self.quick,
             )  # fmt: skip
             load = LoadGenerator(
@@ -164,6 +164,7 @@ class Harness:
             supervisor.stop()
             relays.stop()
         result["worker_exits"] = station.exits[worker_exits_before:]
+        result["worker_kills"] = station.kills - worker_kills_before
         self._judge(scenario, relays, result, set(load.tally.committed))
         result["seconds"] = round(time.monotonic() - began, 1)
         return result
@@ -212,6 +213,7 @@ class Harness:
         probes = self._probe_relays(lab, load)
         with self.pg.admin() as conn:
             done = accounting.executions(conn, scenario.name)
+            applied = accounting.effects(conn, scenario.name)
             dead = accounting.dead_lettered(conn, set(load.tally.committed))
             verdicts = poison.verdicts(conn, lab.poison, lab.poison_stored, station.worker_log())
             leftover = accounting.outbox_leftover(
@@ -234,6 +236,7 @@ class Harness:
                 taken=taken,
                 dead=dead,
                 redelivered=station.site.redelivered(),
+                applied=applied,
             )
         )
         result["broker_not_stored"] = accounting.not_stored(
@@ -342,6 +345,14 @@ class Harness:
 def _violations(scenario: Scenario, result: dict[str, Any], leaks: list[str]) -> list[str]:
     checks = [
         (result["lost"] > 0, f"{result['lost']} committed message(s) never reached the broker"),
+        (
+            result["effects_applied"] != result["committed"] - result["lost_after_broker"]
+            or result["effects_missing"] > 0,
+            f"effects applied {result['effects_applied']} != committed {result['committed']} - "
+            f"lost after broker {result['lost_after_broker']} ({result['effects_missing']} "
+            f"missing, {result['effects_twice']} applied twice)",
+        ),
+        (result["effects_unexpected"] > 0, f"{result['effects_unexpected']} effect(s) of task ids never committed"),
         (result["dead_lettered"] > 0, f"{result['dead_lettered']} committed message(s) dead-lettered (never published)"),
         (result["retries_spent"] > 0, f"{result['retries_spent']} committed message(s) spent a retry (outbox.publish_failed): a broker fault was blamed on a message"),
         (result["duplicates_untraced"] > 0, f"{result['duplicates_untraced']} duplicate(s) neither published twice nor redelivered"),

@@ -11,6 +11,8 @@ COLUMNS = (
     ("broker", "broker"),
     ("committed", "committed"),
     ("executed", "executed"),
+    ("executions", "executions"),
+    ("effects applied", "effects_applied"),
     ("lost", "lost"),
     ("dead-lettered", "dead_lettered"),
     ("retries spent", "retries_spent"),
@@ -68,6 +70,12 @@ def details(results: list[dict[str, Any]]) -> str:
             f"{result['ambiguous_committed']}/{result['ambiguous_not']}; commits/s before/"
             f"during={result['commits_per_s_before']}/{result['commits_per_s_during']}; "
             f"drained in {result['drain_seconds']} s"
+        )
+        lines.append(
+            f"  effects (OnceTask) applied={result['effects_applied']} "
+            f"missing={result['effects_missing']} twice={result['effects_twice']} "
+            f"never committed={result['effects_unexpected']}; executions={result['executions']}"
+            f" (extra={result['extra_executions']}); worker kills={result.get('worker_kills', 0)}"
         )
         lines.append(f"  relay log: {result['relay_log_events']}")
         for exit_ in result.get("worker_exits", []):

@@ -90,7 +90,8 @@ def _one_line(result: dict[str, Any]) -> str:
     verdict = "ok" if not result["violations"] else "FAIL: " + "; ".join(result["violations"])
     return (
         f"chaos: {result['scenario']}: committed={result['committed']} "
-        f"executed={result['executed']} lost={result['lost']} dups={result['duplicates']} "
+        f"executed={result['executed']} effects={result['effects_applied']} "
+        f"lost={result['lost']} dups={result['duplicates']} "
         f"({result['seconds']} s) {verdict}"
     )
 

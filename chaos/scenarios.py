@@ -44,6 +44,10 @@ SCENARIOS = (
     Scenario(name="freeze",
              what="each relay in turn SIGSTOPped for --stale-timeout + 3 s, then SIGCONT",
              fault=faults.freeze_relays, seconds=18.0, quick_seconds=None),
+    Scenario(name="worker_kill",
+             what="the Celery worker (acks_late) SIGKILLed 0.5-2.5 s after it is consuming, "
+             "and restarted",
+             fault=faults.kill_workers, seconds=20.0, quick_seconds=6.0),
     Scenario(name="poison", what="poison rows written into the outbox with SQL",
              fault=faults.write_poison, seconds=8.0, quick_seconds=4.0),
     Scenario(name="notify_pressure",
@@ -60,18 +64,22 @@ SCENARIOS = (
              what="rabbitmqctl close_all_connections every 1.5-3 s (relays and worker)",
              fault=rabbit_faults.close_connections, seconds=15.0, quick_seconds=4.0,
              broker=RABBITMQ),
+    Scenario(name="rabbit_worker_kill",
+             what="the Celery worker (acks_late) SIGKILLed 0.5-2.5 s after it is consuming, "
+             "and restarted",
+             fault=faults.kill_workers, seconds=20.0, quick_seconds=6.0, broker=RABBITMQ),
     Scenario(name="rabbit_memory_alarm",
              what="RabbitMQ memory alarm (publishers blocked), then cleared",
-             fault=rabbit_faults.memory_alarm, seconds=20.0, quick_seconds=None,
+             fault=rabbit_faults.memory_alarm, seconds=20.0, quick_seconds=8.0,
              broker=RABBITMQ),
     Scenario(name="rabbit_queue_limit",
              what="worker paused; the task queue fills to x-max-length and RabbitMQ "
              "refuses publishes (x-overflow reject-publish: nacks), then resumed",
-             fault=rabbit_faults.queue_limit, seconds=10.0, quick_seconds=None,
+             fault=rabbit_faults.queue_limit, seconds=10.0, quick_seconds=6.0,
              broker=RABBITMQ, queue=CAPPED_QUEUE),
     Scenario(name="rabbit_freeze",
              what="RabbitMQ SIGSTOPped (connections open, no replies), then SIGCONT",
-             fault=rabbit_faults.freeze_broker, seconds=10.0, quick_seconds=None,
+             fault=rabbit_faults.freeze_broker, seconds=10.0, quick_seconds=6.0,
              broker=RABBITMQ),
 )  # fmt: skip
 

@@ -4,6 +4,7 @@ and the Celery worker consuming it (restarted when it exits, each exit recorded)
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ class Station:
         self.queues = queues
         self.worker: Process = worker(env, self.log_path, ",".join(queues))
         self.exits: list[dict[str, Any]] = []
+        self.kills = 0  # SIGKILLs by a fault (scenario worker_kill), not exits
+        self.lock = threading.Lock()  # a kill and its restart are never taken for an exit
         self.log_seen = (-1, time.monotonic())  # (log size, when it last changed)
 
     def start(self) -> None:
@@ -78,8 +81,24 @@ class Station:
         if not process.running():
             raise RuntimeError(f"the Celery worker exited:\n{process.log_tail()}")
 
+    def kill_and_restart(self) -> None:
+        """SIGKILL the worker (mid-task: `acks_late` leaves its messages unacknowledged) and
+        start a new one in its place."""
+        with self.lock:
+            self.worker.kill()
+            self.kills += 1
+            self.worker.start()
+
+    def ready_since_start(self) -> bool:
+        """Whether the worker started last is consuming (Celery logged ` ready.`)."""
+        return " ready." in self.worker_log().rsplit("=== chaos: start", 1)[-1]
+
     def heal(self) -> None:
         """Start the worker again if it exited or stalled (Celery/kombu, not the relay)."""
+        with self.lock:
+            self._heal()
+
+    def _heal(self) -> None:
         process = self.worker
         if process.proc is None:
             return

@@ -1,4 +1,4 @@
-"""The chaos ledger: what writers committed, and what the worker executed."""
+"""The chaos ledger: what writers committed, what the worker executed, what took effect."""
 
 from __future__ import annotations
 
@@ -35,3 +35,21 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} x{self.deliveries}"
+
+
+class Effect(models.Model):
+    """One effect of `chaos.record`: the row its OnceTask body writes, in the inbox's transaction.
+
+    Deliberately without a unique constraint: a second effect of one task id must be possible,
+    so that the suite can see it (effects applied counts rows).
+    """
+
+    task_id = models.CharField(max_length=64, db_index=True)
+    scenario = models.CharField(max_length=64, db_index=True)
+    applied_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "chaos_effect"
+
+    def __str__(self) -> str:
+        return self.task_id

@@ -1,9 +1,17 @@
-"""What the chaos task runs inside the worker: one upsert into the execution ledger."""
+"""What the chaos task runs inside the worker: the execution ledger and the effect.
+
+Every delivery first counts itself in `chaos_execution` (autocommit, outside any transaction,
+so a duplicate that OnceTask then skips is still counted). The OnceTask body writes one
+`chaos_effect` row, inside the transaction that records its key in the inbox: effects applied
+are counted from that table.
+"""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 import django
 from django.apps import apps
@@ -24,6 +32,9 @@ SET deliveries = chaos_execution.deliveries + 1,
     last_execution_id = EXCLUDED.last_execution_id
 WHERE chaos_execution.last_execution_id <> EXCLUDED.last_execution_id
 """
+EFFECT_SQL = """
+INSERT INTO chaos_effect (task_id, scenario, applied_at) VALUES (%s, %s, clock_timestamp())
+"""
 ATTEMPTS = 240  # bounded: a PostgreSQL restart mid-task is waited out, not a lost execution
 RETRY_PAUSE = 0.25  # seconds
 
@@ -43,3 +54,31 @@ def record_execution(task_id: str, scenario: str, *, redelivered: bool) -> None:
             if attempt == ATTEMPTS - 1:
                 raise
             time.sleep(RETRY_PAUSE)
+
+
+def apply_effect(task_id: str, scenario: str) -> None:
+    """The task's one effect: a row on the connection of the caller's transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(EFFECT_SQL, [task_id, scenario])
+
+
+T = TypeVar("T")
+
+
+def through_outages(action: Callable[[], T]) -> T:
+    """Run `action` (a whole transaction) again after a database error, as often as needed.
+
+    For OnceTask's delivery: a transaction cut by a PostgreSQL restart either committed (the
+    next attempt finds the key and skips) or did not (the next attempt runs the body), so
+    running it again is safe, and the effect is never left to a redelivery that would not come
+    (the worker acknowledges a failed task).
+    """
+    for attempt in range(ATTEMPTS):
+        try:
+            return action()
+        except Error:
+            connection.close()
+            if attempt == ATTEMPTS - 1:
+                raise
+            time.sleep(RETRY_PAUSE)
+    raise AssertionError("unreachable")

@@ -1,13 +1,12 @@
-"""The chaos suite's quick mode as a CI test: faults under load lose nothing, run nothing rolled back.
+"""The chaos suite's quick mode as a CI test: faults under load lose nothing, run nothing rolled
+back, and with OnceTask apply every committed task's effect exactly once.
 
 `python -m chaos.run --quick --json PATH` starts its own PostgreSQL, redis-server and RabbitMQ
 node, two relays and a real Celery worker per broker, and injects relay kills,
-pg_terminate_backend on both relay sessions, a Redis stop, poison rows, a RabbitMQ stop and
-RabbitMQ closing every connection while 16 writers commit and roll back (docs/reliability.md).
-
-The RabbitMQ back-pressure scenarios (memory alarm, queue at its length limit, frozen node)
-run in `make chaos` only: with the relay's publisher as it is today they spend retries and
-dead-letter messages (issue 9, point 2), and CI would fail until that fix lands.
+pg_terminate_backend on both relay sessions, a Redis stop, SIGKILLs of the worker (acks_late)
+on both brokers, poison rows, a RabbitMQ stop, RabbitMQ closing every connection, a memory
+alarm, a queue at its length limit and a frozen node, while 16 writers commit and roll back
+(docs/reliability.md). The workers' task is an OnceTask whose body writes one effect row.
 """
 
 from __future__ import annotations
@@ -28,11 +27,16 @@ QUICK_SCENARIOS = [
     "terminate_listen",
     "terminate_claim",
     "broker_stop",
+    "worker_kill",
     "poison",
     "rabbit_stop",
     "rabbit_connections",
+    "rabbit_worker_kill",
+    "rabbit_memory_alarm",
+    "rabbit_queue_limit",
+    "rabbit_freeze",
 ]
-RUN_TIMEOUT = 600  # seconds: the quick run takes 2-3 min; a loaded CI machine gets slack
+RUN_TIMEOUT = 900  # seconds: the quick run takes 4-5 min; a loaded CI machine gets slack
 
 pytestmark = [pytest.mark.worker, pytest.mark.timeout(RUN_TIMEOUT + 60)]
 
@@ -90,6 +94,27 @@ def test_broker_faults_spend_no_retry(chaos_results: dict[str, Any]) -> None:
     """No committed message's publish was counted as failed: every broker fault was an outage."""
     spent = {s["scenario"]: s["retries_spent"] for s in _scenarios(chaos_results)}
     assert spent == dict.fromkeys(QUICK_SCENARIOS, 0), chaos_results["stdout"]
+
+
+def test_every_effect_is_applied_exactly_once(chaos_results: dict[str, Any]) -> None:
+    """OnceTask: each committed task a worker received took effect once, duplicates or not."""
+    effects = {
+        s["scenario"]: (s["effects_applied"], s["effects_missing"], s["effects_twice"])
+        for s in _scenarios(chaos_results)
+    }
+    expected = {
+        s["scenario"]: (s["committed"] - s["lost_after_broker"], 0, 0)
+        for s in _scenarios(chaos_results)
+    }
+    assert effects == expected, chaos_results["stdout"]
+    assert all(s["effects_unexpected"] == 0 for s in _scenarios(chaos_results))
+
+
+def test_the_worker_was_killed_mid_run_on_both_brokers(chaos_results: dict[str, Any]) -> None:
+    """The worker-kill scenarios SIGKILLed their worker while it consumed, and nothing else did."""
+    kills = {s["scenario"]: s["worker_kills"] > 0 for s in _scenarios(chaos_results)}
+    expected = {name: name.endswith("worker_kill") for name in QUICK_SCENARIOS}
+    assert kills == expected, chaos_results["stdout"]
 
 
 def test_every_duplicate_is_traced_to_its_source(chaos_results: dict[str, Any]) -> None:
