@@ -2,6 +2,10 @@
 
 Run: .venv/bin/python -m bench.held [--rows 500] [--spread 10] [--held 1000000]
                                      [--drain 30000] [--rounds 3] [--burst 10000]
+                                     [--quick] [--json PATH]
+
+`make bench` runs it with the defaults, `make bench-quick` with --quick (200 rows over 5 s,
+100,000 held rows, one round of 5,000, the same 10,000-row burst); --json writes the figures.
 
 Starts a private PostgreSQL with sql/install.sql and one real `outbox_listen` (60 s sweep
 interval, so only its due-time timer can publish a held row on time) publishing to Redis
@@ -32,6 +36,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
@@ -114,13 +119,18 @@ def _relay(url: str) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=30)
 
 
-def _quantiles(values: list[float]) -> str:
+def _quantiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     q = statistics.quantiles(ordered, n=100)
-    return f"p50 {q[49]:.1f}  p99 {q[98]:.1f}  max {ordered[-1]:.1f}  min {ordered[0]:.1f}"
+    return {
+        "p50_ms": round(q[49], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(ordered[-1], 1),
+        "min_ms": round(ordered[0], 1),
+    }
 
 
-def lateness(url: str, client: redis.Redis, rows: int, spread: float) -> None:
+def lateness(url: str, client: redis.Redis, rows: int, spread: float) -> dict[str, Any]:
     """Held rows due at random moments: arrival - ETA."""
     now = time.time()
     etas = [now + 2.0 + random.uniform(0, spread) for _ in range(rows)]
@@ -135,8 +145,13 @@ def lateness(url: str, client: redis.Redis, rows: int, spread: float) -> None:
             late.append((arrived - due[json.loads(item[1])["headers"]["id"]]) * 1000)
     if len(late) < rows:
         raise SystemExit(f"only {len(late)} of {rows} held tasks arrived")
-    early = sum(1 for value in late if value < 0)
-    print(f"lateness of {rows} held tasks (ms): {_quantiles(late)}  published early: {early}")
+    figures = {"rows": rows, "spread_s": spread, **_quantiles(late)}
+    figures["early"] = sum(1 for value in late if value < 0)
+    print(
+        f"lateness of {rows} held tasks (ms): p50 {figures['p50_ms']}  p99 {figures['p99_ms']}  "
+        f"max {figures['max_ms']}  min {figures['min_ms']}  published early: {figures['early']}"
+    )
+    return figures
 
 
 def _drain_once(url: str, client: redis.Redis, rows: int, round_no: int) -> float:
@@ -162,7 +177,7 @@ def _set_held(url: str, rows: int) -> None:
         conn.execute("VACUUM ANALYZE outbox_notify_message_v1")
 
 
-def drain(url: str, client: redis.Redis, rows: int, held: int, rounds: int) -> None:
+def drain(url: str, client: redis.Redis, rows: int, held: int, rounds: int) -> dict[str, Any]:
     """Drain rate of ready rows with an empty table and beside `held` held rows."""
     rates: dict[int, list[float]] = {0: [], held: []}
     _drain_once(url, client, rows, -1)  # warm-up: connections, caches, the queue's first use
@@ -175,13 +190,24 @@ def drain(url: str, client: redis.Redis, rows: int, held: int, rounds: int) -> N
         f"drain of {rows} ready rows (msg/s, median of {rounds}): empty table {alone:,.0f}  "
         f"beside {held:,} held rows {beside:,.0f}  ({(beside / alone - 1) * 100:+.1f} %)"
     )
-    print("  runs:", {k: [round(r) for r in v] for k, v in rates.items()})
-    _plans(url, held)
+    runs = {k: [round(r) for r in v] for k, v in rates.items()}
+    print("  runs:", runs)
+    return {
+        "rows": rows,
+        "held": held,
+        "rounds": rounds,
+        "empty_msg_s": round(alone),
+        "beside_msg_s": round(beside),
+        "change_pct": round((beside / alone - 1) * 100, 1),
+        "runs": {"empty": runs[0], "beside": runs[held]},
+        "plans": _plans(url, held),
+    }
 
 
-def _plans(url: str, held: int) -> None:
+def _plans(url: str, held: int) -> dict[str, list[str]]:
     # The ready rows stay uncommitted, so the running relay never sees them.
     params = {"limit": 100, "max_version": 1}
+    plans: dict[str, list[str]] = {}
     new = sql.queries()["claim_batch"]
     for name, query in (("claim_batch", new), ("claim of earlier releases", OLD_CLAIM)):
         with psycopg.connect(url) as conn:
@@ -191,12 +217,14 @@ def _plans(url: str, held: int) -> None:
                 "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + query, params
             ).fetchall()
             conn.rollback()
+        plans[name] = [str(line) for (line,) in plan]
         print(f"  plan of the {name} beside {held:,} held rows and 1,000 ready:")
-        for (line,) in plan:
+        for line in plans[name]:
             print("    " + line)
+    return plans
 
 
-def burst(url: str, client: redis.Redis, rows: int) -> None:
+def burst(url: str, client: redis.Redis, rows: int) -> dict[str, Any]:
     """`rows` held rows due in the same second: time from that second to the last arrival."""
     client.delete(QUEUE)
     second = float(int(time.time()) + 4)
@@ -208,12 +236,19 @@ def burst(url: str, client: redis.Redis, rows: int) -> None:
         time.sleep(0.001)
     done = time.time()
     early = _published_before(client, {f"burst-{n + 1}": eta for n, eta in enumerate(etas)})
+    figures = {
+        "rows": rows,
+        "after_second_ms": round((done - second) * 1000),
+        "after_last_eta_ms": round((done - etas[-1]) * 1000),
+        "out_of_eta_order": early,
+    }
     print(
         f"burst of {rows:,} held rows due within one second: all published "
-        f"{(done - second) * 1000:.0f} ms after that second began, "
-        f"{(done - etas[-1]) * 1000:.0f} ms after the last ETA; out of ETA order: {early}"
+        f"{figures['after_second_ms']} ms after that second began, "
+        f"{figures['after_last_eta_ms']} ms after the last ETA; out of ETA order: {early}"
     )
     client.delete(QUEUE)
+    return figures
 
 
 def _published_before(client: redis.Redis, due: dict[str, float]) -> int:
@@ -223,7 +258,36 @@ def _published_before(client: redis.Redis, due: dict[str, float]) -> int:
     return sum(1 for a, b in itertools.pairwise(etas) if b < a)
 
 
-def main() -> None:
+def markdown(figures: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of a run's figures."""
+    late, burst_, drained = figures["lateness"], figures["burst"], figures["drain"]
+    lines = [
+        "Tasks held in the outbox until their ETA (issue 15), one relay publishing to Redis "
+        "(`python -m bench.held`).",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| lateness of {late['rows']} held tasks due over {late['spread_s']:g} s "
+        f"(arrival in Redis - ETA) | p50 {late['p50_ms']} ms, p99 {late['p99_ms']} ms, "
+        f"max {late['max_ms']} ms; published before their ETA: {late['early']} |",
+        f"| {burst_['rows']:,} held rows due within one second | all published "
+        f"{burst_['after_second_ms']:,} ms after that second began "
+        f"({burst_['after_last_eta_ms']:,} ms after the last ETA); out of ETA order: "
+        f"{burst_['out_of_eta_order']} |",
+        f"| drain of {drained['rows']:,} ready rows, median of {drained['rounds']} | empty "
+        f"table {drained['empty_msg_s']:,} msg/s; beside {drained['held']:,} held rows "
+        f"{drained['beside_msg_s']:,} msg/s ({drained['change_pct']:+.1f} %) |",
+        "",
+        f"Plan of `claim_batch` beside {drained['held']:,} held rows and 1,000 ready:",
+        "",
+        "```",
+        *drained["plans"].get("claim_batch", []),
+        "```",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
     """Measure and print held-task lateness, drain beside held rows, and a due burst."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rows", type=int, default=500, help="held rows for lateness")
@@ -232,7 +296,11 @@ def main() -> None:
     parser.add_argument("--drain", type=int, default=30_000, help="ready rows per drain")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--burst", type=int, default=10_000)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a short run (see above)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rows, args.spread, args.held, args.drain, args.rounds = 200, 5.0, 100_000, 5_000, 1
     client = redis.Redis.from_url(REDIS_URL)
     client.delete(QUEUE)
     print("(figures from a shared machine are indicative: re-measure on a quiet one)")
@@ -242,11 +310,15 @@ def main() -> None:
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(sql.read("install.sql"))
             with _relay(url):
-                lateness(url, client, args.rows, args.spread)
-                burst(url, client, args.burst)
-                drain(url, client, args.drain, args.held, args.rounds)
+                figures = {
+                    "lateness": lateness(url, client, args.rows, args.spread),
+                    "burst": burst(url, client, args.burst),
+                    "drain": drain(url, client, args.drain, args.held, args.rounds),
+                }
     finally:
         client.delete(QUEUE)
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -355,6 +355,49 @@ def print_report(summary: dict[str, Any], args: argparse.Namespace) -> None:
         )
 
 
+def markdown(summary: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of a run's figures."""
+    given = summary.get("settings", {})
+    reuse = given.get("db_reuse_max") or 0
+    connections = (
+        f"the connection reused for {reuse} tasks"
+        if reuse
+        else "a new database connection per task (Celery's default)"
+    )
+    lines = [
+        f"One Celery worker (solo pool) on Redis, {given.get('tasks', '?')} tasks per block, "
+        f"{given.get('rounds', '?')} rounds, medians; {connections} (`python -m bench.once`).",
+        "",
+        "| kind | ms/task | tasks/s | worker CPU µs/task | PostgreSQL CPU µs/task |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, fig in summary["kinds"].items():
+        lines.append(
+            f"| {kind} | {fig['ms_per_task']:.3f} | {fig['tasks_per_second']:.0f} | "
+            f"{_us(fig['worker_cpu_us_per_task'])} | {_us(fig['backend_cpu_us_per_task'])} |"
+        )
+    lines += [
+        "",
+        "| OnceTask against | ms per execution | worker throughput lost |",
+        "|---|---|---|",
+    ]
+    for label, fig in summary["overhead"].items():
+        lines.append(
+            f"| {label} | {fig['ms_per_task']:+.3f} ({fig['ms_per_task_min']:+.3f} .. "
+            f"{fig['ms_per_task_max']:+.3f}) | {fig['throughput_lost_pct']:.1f} % |"
+        )
+    path = summary["execution_path"]
+    overheads = ", ".join(
+        f"{label} {us / 1000:+.3f} ms" for label, us in path["overhead_us"].items()
+    )
+    lines += [
+        "",
+        f"The execution path alone (Celery's tracer in one process, {path['calls']} calls per "
+        f"kind, no broker): OnceTask overhead {overheads}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _round(runner: Runner, tasks: int, round_no: int) -> list[Block]:
     """One block of every kind; within a group the order rotates with the round."""
     blocks = []
@@ -452,6 +495,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.tasks, args.rounds, args.calls = 100, 3, 300
     summary = run(args)
+    summary["settings"] = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "calls": args.calls,
+        "db_reuse_max": args.db_reuse_max,
+    }
     print_report(summary, args)
     print_trace(summary["execution_path"])
     if args.json:

@@ -32,12 +32,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import brokers, venv
+from bench import brokers, standalone, venv
 
 RESULTS = venv.ROOT / "bench" / "results"
 DOCS = venv.ROOT / "docs" / "benchmarks.md"
 IMAGES = venv.ROOT / "docs" / "img"
-SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
+# The scenarios of the shared world, then the benchmarks that are programs of their own
+# (bench.standalone.REGISTRY: once, held, long_writer, ...), run after them in that order.
+WORLD_SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
+SCENARIOS = WORLD_SCENARIOS + standalone.KEYS
 # Scenarios whose figures depend on the broker: run once per broker, reported as NAME.BROKER.
 PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
 
@@ -89,6 +92,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     unknown = sorted(set(args.scenarios) - set(SCENARIOS))
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    if args.quick:  # a benchmark without a quick mode runs in `make bench` only
+        args.scenarios = [
+            name
+            for name in args.scenarios
+            if name not in standalone.KEYS or standalone.entry(name).quick is not None
+        ]
     args.brokers = [b for b in brokers.KEYS if b in {x.strip() for x in args.brokers.split(",")}]
     if not args.brokers:
         parser.error(f"--brokers names none of {', '.join(brokers.KEYS)}")
@@ -230,11 +239,14 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
                 f"crash on {broker.label} (start)",
                 functools.partial(_crash_start, here, waiting[broker.key]),
             )
-    for name in SCENARIOS:
+    for name in WORLD_SCENARIOS:
         if name in names and name in runners:
             _run_one(world, name, runners[name], results)
     if profile:
         _run_one(world, "profile", _profile, results)
+    for bench in standalone.REGISTRY:
+        if bench.key in names:
+            results[bench.key] = guarded(bench.key, functools.partial(standalone.run, bench, world))
     for broker in world.brokers:
         _crash_join(world.on(broker), waiting.get(broker.key, []), results)
     return results

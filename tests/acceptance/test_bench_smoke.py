@@ -3,7 +3,8 @@
 Only whether each scenario ran is checked, never a figure: timings belong in the benchmark's
 report, not in a test's assertions. --no-peer keeps it offline and fast (no second venv, no
 django-celery-outbox); the harness starts its own PostgreSQL, redis-server and RabbitMQ node
-and stops them. The scenarios that touch a broker run on both Redis and RabbitMQ.
+and stops them. The scenarios that touch a broker run on both Redis and RabbitMQ; the
+registered benchmarks with a quick mode (bench/standalone.py: once, held) run on its Redis.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 
 import pytest
 
+from bench import standalone
 from tests.conftest import IN_CI
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_TIMEOUT = 600.0  # seconds: generous; the run itself takes about three minutes
+RUN_TIMEOUT = 900.0  # seconds: generous; the run itself takes about four minutes
 TRIGGER_TIMEOUT = 240.0  # seconds; the trigger benchmark's tiny run takes about 20
 BENCH_REDIS_URL = "redis://127.0.0.1:6379/12"  # bench/trigger.py's default
 
@@ -81,7 +83,9 @@ def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
     failed = {n: s["error"] for n, s in report["scenarios"].items() if s["status"] != "ok"}
     assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
     per_broker = {f"{name}.{broker}" for name in PER_BROKER for broker in ("redis", "rabbitmq")}
+    quick_standalone = {b.key for b in standalone.REGISTRY if b.quick is not None}
     assert set(report["scenarios"]) >= {"writers", "idle", "enqueue", *per_broker}
+    assert set(report["scenarios"]) >= quick_standalone  # once, held: bench/standalone.py
     assert done.returncode == 0, done.stderr
     _assert_broker_named_everywhere(report, tmp_path)
 
