@@ -1,7 +1,7 @@
 """Benchmarks of outbox-notify side by side with django-celery-outbox 0.4.3, on Redis and RabbitMQ.
 
     make bench            # full run, 10-15 min: bench/results/latest.json and docs/benchmarks.md
-    make bench-quick      # short run, 2-3 min: bench/results/quick.json (docs untouched)
+    make bench-quick      # short run, 3-5 min: bench/results/quick.json (docs untouched)
     python -m bench.run --quick --no-peer --out /tmp/bench.json    # ours only (the smoke test)
     python -m bench.run --scenarios latency,drain --brokers rabbitmq --write-docs
     python -m bench.run --render bench/results/latest.json          # docs again from a report
@@ -14,6 +14,8 @@ RabbitMQ is a private node (devtools.rabbitserver; OUTBOX_BENCH_AMQP_URL to use 
 queue names unique to the run, deleted at the end). Each library gets its own databases and
 queues; the scenarios alternate the libraries, and those that touch a broker run once per
 broker (latency, drain, crash, ceiling, profile; writers for its relay-running rows).
+Then the benchmarks that are programs of their own (bench/standalone.py: once, held,
+long_writer; in --quick only those with a quick mode), each as a subprocess on the run's Redis.
 """
 
 from __future__ import annotations
