@@ -35,16 +35,16 @@ unit: $(STAMP)  ## only the tests that need no services
 demo: $(STAMP)  ## end-to-end demo: migrate, relay + Celery worker, orders committed and rolled back
 	$(BIN)/python -m example.demo $(DEMO_ARGS)
 
-bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox on Redis and RabbitMQ; writes docs/benchmarks.md (10-15 min)
+bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox on Redis and RabbitMQ; then once, held, long_writer; writes docs/benchmarks.md (15-25 min)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
-bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode, both brokers (2-3 min)
+bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode, both brokers, with once and held (3-5 min)
 	$(BIN)/python -m bench.run --quick $(BENCH_ARGS)
 
-chaos: $(STAMP)  ## fault injection under load on Redis and RabbitMQ; every committed message counted (about 10 min)
+chaos: $(STAMP)  ## fault injection under load on Redis and RabbitMQ; every message and effect counted (about 12 min)
 	$(BIN)/python -m chaos.run $(CHAOS_ARGS)
 
-chaos-quick: $(STAMP)  ## the chaos suite's short mode, both brokers (what CI runs; 2-3 min)
+chaos-quick: $(STAMP)  ## the chaos suite's short mode, both brokers (what CI runs; 3-5 min)
 	$(BIN)/python -m chaos.run --quick $(CHAOS_ARGS)
 
 trigger-bench: $(STAMP)  ## writer throughput with and without the NOTIFY trigger (1, 8, 32 writers)

@@ -1,6 +1,6 @@
 """Benchmarks of outbox-notify side by side with django-celery-outbox 0.4.3, on Redis and RabbitMQ.
 
-    make bench            # full run, 10-15 min: bench/results/latest.json and docs/benchmarks.md
+    make bench            # full run, 15-25 min: bench/results/latest.json and docs/benchmarks.md
     make bench-quick      # short run, 3-5 min: bench/results/quick.json (docs untouched)
     python -m bench.run --quick --no-peer --out /tmp/bench.json    # ours only (the smoke test)
     python -m bench.run --scenarios latency,drain --brokers rabbitmq --write-docs
