@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint unit demo bench bench-quick chaos chaos-quick trigger-bench clean
+.PHONY: help venv test pytest lint unit demo bench bench-quick chaos chaos-quick trigger-bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -21,12 +21,15 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)  ## create .venv and install the package with its test and lint tools
 
 lint: $(STAMP)  ## ruff and mypy --strict
-	$(BIN)/ruff check outbox_notify tests devtools bench chaos example
-	$(BIN)/ruff format --check outbox_notify tests devtools bench chaos example
+	$(BIN)/ruff check outbox_notify tests devtools bench chaos example noxfile.py
+	$(BIN)/ruff format --check outbox_notify tests devtools bench chaos example noxfile.py
 	$(BIN)/mypy
 
-test: $(STAMP)  ## the whole suite: lint, then every test against a real PostgreSQL, Redis and RabbitMQ
+test: $(STAMP)  ## lint, then the whole suite on the oldest and the newest supported releases (nox; 25-35 min)
 	$(MAKE) --no-print-directory lint
+	$(BIN)/nox $(NOX_ARGS) -- $(PYTEST_ARGS)
+
+pytest: $(STAMP)  ## the whole suite once, in .venv (newest releases, Python of .venv; 10-15 min)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: $(STAMP)  ## only the tests that need no services
@@ -50,5 +53,5 @@ chaos-quick: $(STAMP)  ## the chaos suite's short mode, both brokers (what CI ru
 trigger-bench: $(STAMP)  ## writer throughput with and without the NOTIFY trigger (1, 8, 32 writers)
 	$(BIN)/python -m bench.trigger $(BENCH_ARGS)
 
-clean:  ## remove the virtualenv and build output
-	rm -rf $(VENV) build dist *.egg-info
+clean:  ## remove the virtualenvs (.venv and nox's) and build output
+	rm -rf $(VENV) .nox build dist *.egg-info

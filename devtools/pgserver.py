@@ -86,7 +86,9 @@ def _executable(base: Path) -> str:
         os.chown(base, user.pw_uid, user.pw_gid)
         command = f"setpriv --reuid={user.pw_uid} --regid={user.pw_gid} --clear-groups --reset-env {command}"
     wrapper = base / "pg_ctl-wrapper"
-    wrapper.write_text(f"#!/bin/sh\nexec {command}\n")
+    # From `/`: initdb, pg_ctl and the postmaster start in the caller's directory, and say
+    # "could not change directory" when the unprivileged user cannot read it (a home dir).
+    wrapper.write_text(f"#!/bin/sh\ncd / || exit 1\nexec {command}\n")
     wrapper.chmod(stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
     return str(wrapper)
 

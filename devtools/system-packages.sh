@@ -41,4 +41,7 @@ cleanup() { if [ "$placed" -eq 1 ]; then rm -f "$policy"; fi; }
 trap cleanup EXIT
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# debconf's "delaying package configuration, since apt-utils is not installed" is Debian's
+# own chatter on a minimal machine, not a problem: dropped; every other line of stderr stays.
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    2> >(grep -v '^debconf: delaying package configuration' >&2)

@@ -418,10 +418,19 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         add_to_parent=bool(call.options.get("add_to_parent", True)) and parent is not None,
         repr_maxsize=amqp.argsrepr_maxsize,
         kwrepr_maxsize=amqp.kwargsrepr_maxsize,
-        repr_maxlevels=call.app.conf.task_repr_maxlevels,
+        repr_maxlevels=_repr_maxlevels(call.app),
     )
     encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
     return template if template.text.format_map(encoded) == text else None
+
+
+# saferepr's own default: what Celery releases before the task_repr_maxlevels setting use.
+_SAFEREPR_MAXLEVELS = 3
+
+
+def _repr_maxlevels(app: Any) -> int:
+    """The nesting depth Celery's argsrepr uses: the setting (Celery 5.4+) or saferepr's default."""
+    return int(app.conf.get("task_repr_maxlevels", _SAFEREPR_MAXLEVELS))
 
 
 def _format_text(pieces: tuple[str, ...], holes: tuple[str, ...]) -> str:

@@ -21,11 +21,19 @@ SELECT EXISTS (SELECT FROM django_migrations WHERE app = 'outbox_notify');
 -- name: relay_privileges
 -- One row per privilege the relay needs (sql/relay_role.sql grants exactly these); `held` is
 -- NULL when the table does not exist. has_table_privilege() with a list of privileges is true
--- when any one is held, so each is asked for on its own.
-SELECT needed.tbl, needed.privilege, has_table_privilege(to_regclass(needed.tbl), needed.privilege)
+-- when any one is held, so each is asked for on its own. UPDATE is needed on the columns the
+-- relay writes only (a table-wide grant holds them too): has_column_privilege() per column.
+SELECT needed.tbl,
+       needed.privilege || coalesce(' (' || needed.col || ')', ''),
+       CASE WHEN needed.col IS NULL
+            THEN has_table_privilege(to_regclass(needed.tbl), needed.privilege)
+            ELSE has_column_privilege(to_regclass(needed.tbl), needed.col, needed.privilege)
+       END
 FROM (VALUES
-    ('outbox_notify_message_v1', 'SELECT'),
-    ('outbox_notify_message_v1', 'UPDATE'),
-    ('outbox_notify_message_v1', 'DELETE'),
-    ('outbox_notify_dead_letter_v1', 'INSERT')
-) AS needed (tbl, privilege);
+    ('outbox_notify_message_v1', 'SELECT', NULL),
+    ('outbox_notify_message_v1', 'UPDATE', 'retries'),
+    ('outbox_notify_message_v1', 'UPDATE', 'retry_after'),
+    ('outbox_notify_message_v1', 'UPDATE', 'last_error'),
+    ('outbox_notify_message_v1', 'DELETE', NULL),
+    ('outbox_notify_dead_letter_v1', 'INSERT', NULL)
+) AS needed (tbl, privilege, col);

@@ -45,9 +45,13 @@ END
 $$;
 
 -- The relay (sql/queries.sql): claim_batch and peek are SELECT ... FOR UPDATE SKIP LOCKED,
--- which needs UPDATE besides SELECT; finalize_batch reschedules (UPDATE) and deletes
--- published and dead rows (DELETE ... RETURNING, which needs SELECT).
-GRANT SELECT, UPDATE, DELETE ON outbox_notify_message_v1 TO outbox_notify_relay;
+-- which needs SELECT and UPDATE on at least one column; finalize_batch reschedules failed
+-- rows (UPDATE of the three columns below, nothing else) and deletes published and dead rows
+-- (DELETE ... RETURNING, which needs SELECT). The REVOKE first takes back a table-wide UPDATE
+-- an earlier version of this script granted (and, with it, any column grants).
+GRANT SELECT, DELETE ON outbox_notify_message_v1 TO outbox_notify_relay;
+REVOKE UPDATE ON outbox_notify_message_v1 FROM outbox_notify_relay;
+GRANT UPDATE (retries, retry_after, last_error) ON outbox_notify_message_v1 TO outbox_notify_relay;
 
 -- The relay moves rows beyond saving to the dead letters; it never reads them back.
 GRANT INSERT ON outbox_notify_dead_letter_v1 TO outbox_notify_relay;

@@ -136,8 +136,19 @@ def broker_refuses_writes(exc: BaseException) -> bool:
         "MessageNacked",  # RabbitMQ: a queue at its limit (reject-publish), or an internal error
     ):
         return True
-    text = str(exc)
+    text = _reply_text(str(exc))
     return any(text.startswith(marker) or marker in text[:80] for marker in _REFUSING_MESSAGES)
+
+
+# redis-py puts "Command # N (the command and its arguments) of pipeline caused error: " before
+# an error inside a pipeline; releases before 5 also raise OOM as a plain ResponseError, so
+# only the server's reply after that prefix tells what happened.
+_PIPELINE_ERROR = " of pipeline caused error: "
+
+
+def _reply_text(text: str) -> str:
+    at = text.rfind(_PIPELINE_ERROR)
+    return text[at + len(_PIPELINE_ERROR) :] if at >= 0 else text
 
 
 def is_break(exc: BaseException) -> bool:

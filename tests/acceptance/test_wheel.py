@@ -1,7 +1,9 @@
 """The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying.
+The sdist carries what its own test suite needs: unpacked, the suite collects and runs there.
 
-Slow (about 20 s: a wheel build, a venv, a pip install), and deliberately part of the normal
-suite: it is the only test that sees the package as users get it, without the checkout.
+Slow (about 20 s each: a build, a venv, a pip install or a test run), and deliberately part of
+the normal suite: these are the only tests that see the package as users and packagers get it,
+without the checkout.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 import uuid
 import zipfile
@@ -210,3 +213,60 @@ def test_wheel_installs_migrates_and_notifies(
         ).fetchone()
     assert found == (True, True, True, "O")
     _assert_trigger_notifies(pg_server_url, wheel_database)
+
+
+# What the sdist holds at its top level: the package, and all that its tests import or read.
+SDIST_TOP = {
+    "PKG-INFO",
+    "pyproject.toml",
+    ".gitignore",
+    "README.md",
+    "CHANGELOG.md",
+    "Makefile",
+    "noxfile.py",
+    "constraints",
+    "outbox_notify",
+    "sql",
+    "tests",
+    "devtools",
+    "example",
+    "bench",
+    "chaos",
+    "docs",
+}
+
+
+def _unpacked_sdist(tmp_path: Path) -> Path:
+    out = tmp_path / "dist"
+    _run([sys.executable, "-m", "build", "--sdist", "--outdir", str(out), str(REPO)], cwd=tmp_path)
+    (sdist,) = out.glob("outbox_notify-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "unpacked", filter="data")
+    (root,) = (tmp_path / "unpacked").iterdir()
+    return root
+
+
+def test_sdist_carries_and_runs_its_tests(tmp_path: Path) -> None:
+    """Unpacked, the sdist has every file the suite imports (all collect) and its unit tier passes."""
+    root = _unpacked_sdist(tmp_path)
+    assert {path.name for path in root.iterdir()} == SDIST_TOP
+    assert not list(root.rglob("__pycache__"))
+    for folder in ("sql", "sql/migrations", "docs", "constraints"):
+        assert sorted(p.name for p in (root / folder).iterdir()) == sorted(
+            p.name for p in (REPO / folder).iterdir() if p.name != "__pycache__"
+        ), folder
+    # Run from the unpacked tree, Python imports its copy, not the checkout this venv points at.
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    where = _run(
+        [sys.executable, "-c", "import outbox_notify; print(outbox_notify.__file__)"], root, env
+    )
+    assert Path(where.strip()).is_relative_to(root)
+    collected = _run([sys.executable, "-m", "pytest", "--collect-only", "-q"], root, env)
+    in_checkout = _run([sys.executable, "-m", "pytest", "--collect-only", "-q"], REPO, env)
+    # "N tests collected in T s": the same N.
+    assert (
+        collected.splitlines()[-1].split(" in ")[0] == in_checkout.splitlines()[-1].split(" in ")[0]
+    )
+    # _run fails the test on pytest's exit code: a collection error or a failing test.
+    unit = _run([sys.executable, "-m", "pytest", "-q", "tests/unit"], root, env)
+    assert " passed" in unit.splitlines()[-1], unit

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from outbox_notify.app import RecordingProducer
-from outbox_notify.relay import fastjson, messages
+from outbox_notify.relay import fastjson, gates, messages
 from outbox_notify.relay.publisher import KombuPublisher, Result
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimedRow
@@ -195,3 +195,56 @@ def test_named_exchange_without_a_binding_fails_on_redis(redis_url: str, queue_n
     assert attempts[1].result is Result.FAILED
     assert "unroutable" in (attempts[1].error or "")
     assert waiting == [good.row.task_id]
+
+
+def test_redis_gate_accepts_the_installed_releases() -> None:
+    """The versions this suite runs on are inside the gate (else the fast path never ran)."""
+    channel: Any = type("Channel", (), dict.fromkeys(gates.REDIS_CHANNEL_NEEDS))()
+    assert gates.redis_problem(channel) is None
+
+
+@pytest.mark.parametrize(
+    ("gate", "reason"),
+    [
+        (("KOMBU_TESTED", ((9, 0), (9, 9))), "outside the tested"),
+        (("REDIS_TESTED", ((9, 0), (9, 9))), "outside the tested"),
+        (("REDIS_CHANNEL_NEEDS", (*gates.REDIS_CHANNEL_NEEDS, "_no_such_internal")), "lacks"),
+    ],
+    ids=["kombu-version", "redis-version", "channel-state"],
+)
+def test_redis_gate_sends_through_kombu_and_says_why_once(
+    redis_url: str,
+    queue_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    gate: tuple[str, Any],
+    reason: str,
+) -> None:
+    """Untested releases or a channel without a piece: kombu publishes, one log event says why."""
+    import structlog
+
+    monkeypatch.setattr(gates, *gate)
+    app.conf.broker_url = redis_url
+    message = messages.prepare(claimed(queue_name), dt.datetime.now(dt.UTC))
+    publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))
+    sent_by_kombu: list[str] = []
+    publish_each = publisher.fallback.publish_each
+
+    def counting(producer: Any, batch: Any, indexes: Any, deadline: Any) -> Any:
+        sent_by_kombu.extend(batch[i].row.task_id for i in indexes)
+        return publish_each(producer, batch, indexes, deadline)
+
+    monkeypatch.setattr(publisher.fallback, "publish_each", counting)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(2):
+                assert publisher.publish([message], lambda: False)[0].result is Result.PUBLISHED
+        waiting = [normalised(raw)["headers"]["id"] for raw in client.lrange(queue_name, 0, -1)]
+    finally:
+        publisher.close()
+        client.delete(queue_name)
+    assert waiting == [message.row.task_id] * 2
+    assert sent_by_kombu == [message.row.task_id] * 2
+    unavailable = [e for e in logs if e["event"] == "outbox.fast_path_unavailable"]
+    assert len(unavailable) == 1
+    assert reason in unavailable[0]["reason"]

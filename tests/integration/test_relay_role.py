@@ -213,6 +213,62 @@ def test_relay_role_cannot_write_messages_or_read_dead_letters(
             conn.execute("SELECT 1 FROM outbox_notify_dead_letter_v1")
 
 
+# The columns finalize_batch reschedules; every other column is the writer's alone.
+RELAY_WRITES = ("retries", "retry_after", "last_error")
+
+
+def _message_columns(server: pgserver.PrivateServer) -> list[str]:
+    with psycopg.connect(server.url(DATABASE)) as conn:
+        rows = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'outbox_notify_message_v1'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        ).fetchall()
+    return [str(name) for (name,) in rows]
+
+
+def test_relay_role_locks_rows_but_updates_only_the_columns_it_writes(
+    server: pgserver.PrivateServer,
+) -> None:
+    """Column UPDATE grants still allow FOR UPDATE SKIP LOCKED; any other column is refused."""
+    other = [c for c in _message_columns(server) if c not in RELAY_WRITES]
+    assert {"task_name", "args", "options", "schema_version"} <= set(other)
+    with _as(server, RELAY_LOGIN) as conn:
+        with conn.transaction():
+            conn.execute("SELECT id FROM outbox_notify_message_v1 FOR UPDATE SKIP LOCKED")
+            conn.execute(
+                "UPDATE outbox_notify_message_v1 SET retries = retries,"
+                " retry_after = retry_after, last_error = last_error"
+            )
+        for column in other:
+            with pytest.raises(pg_errors.InsufficientPrivilege):
+                conn.execute(
+                    pgsql.SQL("UPDATE outbox_notify_message_v1 SET {0} = {0}").format(
+                        pgsql.Identifier(column)
+                    )
+                )
+
+
+def test_role_script_takes_back_an_earlier_table_wide_update(
+    server: pgserver.PrivateServer,
+) -> None:
+    """Run over an earlier version's table-wide UPDATE grant, the script leaves column grants."""
+    check = (
+        "SELECT has_table_privilege('outbox_notify_relay', 'outbox_notify_message_v1', 'UPDATE'),"
+        " array_agg(attname ORDER BY attnum) FILTER (WHERE has_column_privilege("
+        "'outbox_notify_relay', attrelid, attnum, 'UPDATE'))"
+        " FROM pg_attribute WHERE attrelid = 'outbox_notify_message_v1'::regclass"
+        " AND attnum > 0 AND NOT attisdropped"
+    )
+    with psycopg.connect(server.url(DATABASE), autocommit=True) as conn:
+        try:
+            conn.execute("GRANT UPDATE ON outbox_notify_message_v1 TO outbox_notify_relay")
+            assert conn.execute(check).fetchone() == (True, _message_columns(server))
+            _psql(server, ROLE_SQL)
+            assert conn.execute(check).fetchone() == (False, list(RELAY_WRITES))
+        finally:
+            _psql(server, ROLE_SQL)  # the other tests of this module see the script's grants
+
+
 def test_writer_role_can_only_insert(server: pgserver.PrivateServer) -> None:
     """The writer role inserts messages but can neither read, change nor delete them."""
     with _as(server, WRITER_LOGIN) as conn:

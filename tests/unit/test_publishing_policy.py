@@ -112,6 +112,19 @@ def test_nacks_and_full_memory_are_refusals_of_everyone() -> None:
     assert not broker_refuses_writes(Exception("NOT_FOUND - no exchange"))
 
 
+def test_a_refusal_inside_a_redis_pipeline_is_found_behind_the_command() -> None:
+    """redis-py 4.5 raises OOM as a ResponseError prefixed with the (long) pipeline command."""
+    queue = "outbox-" + "q" * 60
+    annotated = (
+        f"Command # 1 (LLEN {queue}) of pipeline caused error: "
+        "OOM command not allowed when used memory > 'maxmemory'."
+    )
+    assert broker_refuses_writes(Exception(annotated))
+    assert not broker_refuses_writes(
+        Exception(f"Command # 1 (LPUSH {queue}) of pipeline caused error: WRONGTYPE Operation")
+    )
+
+
 def _sent(count: int) -> _Batch:
     message = type("M", (), {"body": b"b", "properties": {"application_headers": {"id": "t"}}})
     return _Batch(

@@ -27,8 +27,8 @@ INSUFFICIENT_PRIVILEGE = "42501"
 UNREACHABLE = ("08", "28", "3D", "57")
 # What the relay commands need (sql/relay_role.sql grants exactly this).
 RELAY_NEEDS = (
-    "SELECT, UPDATE and DELETE on outbox_notify_message_v1 and INSERT on "
-    "outbox_notify_dead_letter_v1"
+    "SELECT, DELETE and UPDATE (retries, retry_after, last_error) on outbox_notify_message_v1 "
+    "and INSERT on outbox_notify_dead_letter_v1"
 )
 
 
