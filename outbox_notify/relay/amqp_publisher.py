@@ -256,11 +256,11 @@ class AmqpConfirmPublisher:
             blocked = f"RabbitMQ blocks publishing: {session.blocked}"
             return [Attempt(Result.OUTAGE, blocked)] * len(messages)
         try:
-            attempts, built = self._prepare(session, producer, messages, deadline)
+            attempts, ready = self._prepare(session, producer, messages, deadline)
         except self.general.outage_errors as exc:
             self.abandon()
             return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
-        self._send_groups(session, messages, built, deadline, attempts)
+        self._send_groups(session, messages, ready, deadline, attempts)
         return attempts
 
     def _prepare(
@@ -269,20 +269,24 @@ class AmqpConfirmPublisher:
         producer: Producer,
         messages: Sequence[OutgoingMessage],
         deadline: Callable[[], bool],
-    ) -> tuple[list[Attempt], dict[int, tuple[str, str, Any]]]:
-        """Declare, check exchanges and build each message; failures are that message's."""
+    ) -> tuple[list[Attempt], set[int]]:
+        """Declare and check exchanges: the messages ready to build; failures are theirs.
+
+        Building each message waits for `_write`, so the broker stores the first messages
+        of a batch while the relay builds the rest.
+        """
         attempts = [Attempt(Result.SKIPPED)] * len(messages)
-        built: dict[int, tuple[str, str, Any]] = {}
+        ready: set[int] = set()
         for index, message in enumerate(messages):
             try:
                 if not self._entities(session, producer, message, deadline):
                     continue  # no time left for a declaration: released untouched
-                built[index] = self._build(session, message)
+                ready.add(index)
             except self.general.outage_errors:
                 raise
             except Exception as exc:
                 attempts[index] = Attempt(Result.FAILED, error_text(exc))
-        return attempts, built
+        return attempts, ready
 
     def _entities(
         self,
@@ -343,19 +347,19 @@ class AmqpConfirmPublisher:
         self,
         session: _Session,
         messages: Sequence[OutgoingMessage],
-        built: dict[int, tuple[str, str, Any]],
+        ready: set[int],
         deadline: Callable[[], bool],
         attempts: list[Attempt],
     ) -> None:
         groups = self.isolation.plan(messages)
-        if len(built) != len(messages):
-            groups = [[i for i in group if i in built] for group in groups]
+        if len(ready) != len(messages):
+            groups = [[i for i in group if i in ready] for group in groups]
         for number, group in enumerate(groups):
             if not group:
                 continue
             if not may_start(deadline, self.general.step):
                 break
-            if not self._send_group(session, messages, group, built, attempts):
+            if not self._send_group(session, messages, group, attempts):
                 lost = next(
                     (a for a in (attempts[i] for i in group) if a.result is Result.OUTAGE),
                     Attempt(Result.OUTAGE, "the broker connection was lost"),
@@ -370,7 +374,6 @@ class AmqpConfirmPublisher:
         session: _Session,
         messages: Sequence[OutgoingMessage],
         group: list[int],
-        built: dict[int, tuple[str, str, Any]],
         attempts: list[Attempt],
     ) -> bool:
         """Write a group and await its confirms; False when the connection is gone."""
@@ -380,7 +383,7 @@ class AmqpConfirmPublisher:
         batch = _Batch(first_tag=session.next_tag, sent=[], results=[])
         session.batch = batch
         try:
-            self._write(session, group, built, batch, write_end)
+            self._write(session, messages, group, batch, write_end)
             self._await(session, batch, end)
         except ChannelError as exc:
             self._channel_lost(session, messages, batch, exc)
@@ -405,13 +408,15 @@ class AmqpConfirmPublisher:
     def _write(
         self,
         session: _Session,
+        messages: Sequence[OutgoingMessage],
         group: list[int],
-        built: dict[int, tuple[str, str, Any]],
         batch: _Batch,
         write_end: float,
     ) -> None:
         # py-amqp's own frame writer, into a buffer: the group goes out in a few large writes
-        # instead of one system call per message, and the bytes are exactly py-amqp's.
+        # instead of one system call per message, and the bytes are exactly py-amqp's. Each
+        # message is built just before it is written, so the broker works on the first
+        # writes while the relay builds the rest.
         frames = session.frames
         frames.clear()
         write = session.writer
@@ -421,7 +426,13 @@ class AmqpConfirmPublisher:
         for index in group:
             if batch.sent and time.monotonic() > write_end:
                 break  # the rest stays unsent (SKIPPED): its confirms could not come in time
-            exchange, routing_key, message = built[index]
+            try:
+                exchange, routing_key, message = self._build(session, messages[index])
+            except self.general.outage_errors:
+                raise
+            except Exception as exc:
+                batch.refused[index] = Attempt(Result.FAILED, error_text(exc))
+                continue
             args = publish_args.get((exchange, routing_key))
             if args is None:
                 args = amqp_dumps(_PUBLISH_ARGS, (0, exchange, routing_key, True, False))
