@@ -20,7 +20,7 @@ from kombu.utils.json import dumps
 
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay import fastjson, gates
-from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
+from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,
     KombuPublisher,
@@ -127,7 +127,7 @@ class RedisPipelinePublisher:
             properties["expiration"] = str(int(message.expiration * 1000))
         body = message.body.encode("utf-8")
         envelope = channel.prepare_message(
-            body, priority, JSON_CONTENT_TYPE, "utf-8", message.headers, properties
+            body, priority, message.content_type, "utf-8", message.headers, properties
         )
         channel._inplace_augment_message(envelope, "", spec.routing_key)
         key = channel._q_for_pri(
