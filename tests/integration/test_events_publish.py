@@ -252,7 +252,7 @@ def test_unroutable_event_on_redis_is_dead_lettered_not_dropped(
     # The queue is bound with "#": route around it with an exchange nobody is bound to.
     with transaction.atomic():
         nobody = events.publish(CardCreated(card="d"), exchange=f"{redis_exchange}-nobody")
-    wait_for(lambda: DeadLetter.objects.exists(), what="a dead letter", context=relay.output)
+    wait_for(DeadLetter.objects.exists, what="a dead letter", context=relay.output)
     dead = DeadLetter.objects.get()
     assert dead.task_id == nobody.id
     assert "unroutable" in dead.failure_reason
