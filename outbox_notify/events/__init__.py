@@ -3,6 +3,7 @@
 The wire format (CloudEvents 1.0, structured JSON mode) is in `envelope`.
 """
 
+from outbox_notify.events.consumer import Consumer
 from outbox_notify.events.envelope import CONTENT_TYPE, Envelope, UndecodableEvent
 
-__all__ = ["CONTENT_TYPE", "Envelope", "UndecodableEvent"]
+__all__ = ["CONTENT_TYPE", "Consumer", "Envelope", "UndecodableEvent"]
