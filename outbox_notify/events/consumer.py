@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import structlog
 from django.db import connections, transaction
+from kombu.utils import json as kombu_json
 
 from outbox_notify import conf, inbox, observability, signals
 from outbox_notify.events import envelope as wire
@@ -84,7 +85,7 @@ class Consumer:
     Everything about the broker is read when the consumer runs, never at import.
     """
 
-    def __init__(  # noqa: PLR0913 - keyword-only configuration, each with a default
+    def __init__(
         self,
         name: str,
         *,
@@ -157,7 +158,13 @@ class Consumer:
         try:
             event, registration = self._decode(body)
         except wire.UndecodableEvent as exc:
-            return Result(outcome=Outcome.UNDECODABLE, reason=str(exc), **_known(body))
+            event_id, event_type = _known(body)
+            return Result(
+                outcome=Outcome.UNDECODABLE,
+                event_id=event_id,
+                event_type=event_type,
+                reason=str(exc),
+            )
         return self._run(event, registration)
 
     def _decode(self, body: bytes | str) -> tuple[wire.Envelope, Registration]:
@@ -225,7 +232,9 @@ def _registration(event: type | str, with_envelope: bool) -> Registration:
     if isinstance(event, str):
         if not event:
             raise ConfigurationError("an event type must be a non-empty string")
-        return Registration(event_type=event, function=_unset, cls=None, with_envelope=with_envelope)
+        return Registration(
+            event_type=event, function=_unset, cls=None, with_envelope=with_envelope
+        )
     if not (isinstance(event, type) and dataclasses.is_dataclass(event)):
         raise ConfigurationError(f"handler() takes a dataclass or a type string, not {event!r}")
     return Registration(
@@ -271,19 +280,17 @@ def _failed(event: wire.Envelope, exc: BaseException) -> Result:
     return _result(Outcome.FAILED, event, reason=reason, error=exc)
 
 
-def _known(body: bytes | str) -> dict[str, str | None]:
+def _known(body: bytes | str) -> tuple[str | None, str | None]:
     """The id and type of an undecodable body when they can still be read (for logs)."""
     try:
-        parsed = wire.kombu_json.loads(body)
+        parsed = kombu_json.loads(body)
     except (ValueError, UnicodeDecodeError, TypeError):
-        return {"event_id": None, "event_type": None}
+        return None, None
     if not isinstance(parsed, dict):
-        return {"event_id": None, "event_type": None}
-    found = {name: parsed.get(name) for name in ("id", "type")}
-    return {
-        "event_id": found["id"] if isinstance(found["id"], str) else None,
-        "event_type": found["type"] if isinstance(found["type"], str) else None,
-    }
+        return None, None
+    found = [parsed.get(name) for name in ("id", "type")]
+    event_id, event_type = (value if isinstance(value, str) else None for value in found)
+    return event_id, event_type
 
 
 def load(path: str) -> Consumer:

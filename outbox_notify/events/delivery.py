@@ -21,6 +21,7 @@ it after a pause. Neither counts as an attempt.
 from __future__ import annotations
 
 import collections
+import contextlib
 import heapq
 import itertools
 import socket
@@ -93,10 +94,9 @@ class Runner:
     def connection(self) -> kombu.Connection:
         """A kombu connection to the consumer's broker (confirms on for AMQP)."""
         url, options = _broker(self.consumer)
-        connection = kombu.Connection(url, transport_options=options)
-        if connection.transport.driver_type == "amqp":
-            connection.transport_options["confirm_publish"] = True
-        return connection
+        if kombu.Connection(url).transport.driver_type == "amqp":  # builds, does not connect
+            options["confirm_publish"] = True
+        return kombu.Connection(url, transport_options=options)
 
     def check_reachable(self) -> None:
         """Connect to the broker once; kombu's connection error if it cannot be reached."""
@@ -108,10 +108,11 @@ class Runner:
         log.info("outbox.consumer_started", consumer=self.consumer.name, queue=self.consumer.queue)
         while not self.stopping:
             connection = self.connection()
+            outages: tuple[type[BaseException], ...] = (*connection.connection_errors, OSError)
             try:
                 with connection:
                     self._session(connection)
-            except connection.connection_errors + (OSError,) as exc:
+            except outages as exc:
                 log.warning("outbox.consumer_broker_unavailable", error=_one_line(exc))
                 self._stop.wait(self.outage_cooldown)
         log.info("outbox.consumer_stopped", consumer=self.consumer.name)
@@ -128,10 +129,8 @@ class Runner:
 
 
 def _drain(connection: kombu.Connection, timeout: float) -> None:
-    try:
+    with contextlib.suppress(socket.timeout):
         connection.drain_events(timeout=timeout)
-    except socket.timeout:
-        pass
 
 
 def declare(consumer: Consumer, channel: Any) -> kombu.Queue:
@@ -185,7 +184,7 @@ class _Session:
     def deliver(self, message: Message) -> None:
         """Process one due message until its outcome is final, then acknowledge it."""
         while True:
-            result = self.consumer.process(message.body)
+            result = self.consumer.process(message.body or b"")
             if result.outcome is not Outcome.FAILED or not _database_down(result.error):
                 break
             log.warning("outbox.consumer_database_unavailable", error=result.reason)

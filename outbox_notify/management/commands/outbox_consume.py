@@ -12,7 +12,7 @@ from django.db import connections
 
 from outbox_notify import conf, inbox
 from outbox_notify.events import consumer as consumers
-from outbox_notify.events.delivery import Runner
+from outbox_notify.events.delivery import OUTAGE_COOLDOWN, Runner
 from outbox_notify.management.commands._common import one_line, reported, seconds
 
 NEEDS = "SELECT and INSERT on outbox_notify_inbox_v1"
@@ -32,7 +32,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--outage-cooldown",
             type=seconds(),
-            default=None,
+            default=OUTAGE_COOLDOWN,
             metavar="SECONDS",
             help="pause between attempts to reach a broker or database that is down",
         )
@@ -40,15 +40,11 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         with reported(NEEDS):
             consumer = consumers.load(options["consumer"])
-            runner = Runner(consumer, **_cooldown(options["outage_cooldown"]))
+            runner = Runner(consumer, outage_cooldown=options["outage_cooldown"])
             _require_inbox()
             _require_broker(runner)
             with _stop_on_signals(runner):
                 runner.run()
-
-
-def _cooldown(value: float | None) -> dict[str, float]:
-    return {} if value is None else {"outage_cooldown": value}
 
 
 def _require_inbox() -> None:
