@@ -108,7 +108,13 @@ class Runner:
         log.info("outbox.consumer_started", consumer=self.consumer.name, queue=self.consumer.queue)
         while not self.stopping:
             connection = self.connection()
-            outages: tuple[type[BaseException], ...] = (*connection.connection_errors, OSError)
+            # recoverable_connection_errors holds py-amqp's MessageNacked: a refused publish
+            # is the broker's trouble, not the handler's.
+            outages: tuple[type[BaseException], ...] = (
+                *connection.connection_errors,
+                *connection.recoverable_connection_errors,
+                OSError,
+            )
             try:
                 with connection:
                     self._session(connection)
