@@ -101,8 +101,11 @@ class Consumer:
         max_backoff: float = MAX_BACKOFF,
         prefetch: int = PREFETCH,
     ) -> None:
-        self.name = inbox.checked_key(name, "the consumer's name")
-        self.scope = inbox.checked_key(SCOPE_PREFIX + self.name, "the consumer's inbox scope")
+        try:
+            self.name = inbox.checked_key(name, "the consumer's name")
+            self.scope = inbox.checked_key(SCOPE_PREFIX + self.name, "the consumer's inbox scope")
+        except OnceKeyError as exc:
+            raise ConfigurationError(str(exc)) from exc
         self.exchange = exchange
         self.routing_keys = tuple(routing_keys)
         self.exchange_type = exchange_type

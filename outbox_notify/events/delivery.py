@@ -59,6 +59,7 @@ RETRY_HEADERS = (ATTEMPT, RETRY_AT, LAST_ERROR)
 MAX_REASON = 1000  # characters of a reason kept in a header
 POLL = 1.0  # seconds the loop waits for a message before it checks for a stop request
 OUTAGE_COOLDOWN = 2.0  # seconds between attempts to reach a broker or database that is down
+LOST_SESSION = ("08", "57P", "53300")  # SQLSTATE prefixes of a session lost or refused
 
 __all__ = ["DEAD_REASON", "Runner"]
 
@@ -108,7 +109,13 @@ class Runner:
         log.info("outbox.consumer_started", consumer=self.consumer.name, queue=self.consumer.queue)
         while not self.stopping:
             connection = self.connection()
-            outages: tuple[type[BaseException], ...] = (*connection.connection_errors, OSError)
+            # recoverable_connection_errors holds py-amqp's MessageNacked: a refused publish
+            # is the broker's trouble, not the handler's.
+            outages: tuple[type[BaseException], ...] = (
+                *connection.connection_errors,
+                *connection.recoverable_connection_errors,
+                OSError,
+            )
             try:
                 with connection:
                     self._session(connection)
@@ -318,16 +325,23 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _database_down(error: BaseException | None) -> bool:
-    """Whether a failed run met a database outage (not a handler failure): reconnect to see."""
-    if not isinstance(error, OperationalError | InterfaceError):
+    """Whether a failed run met a database outage, not a handler failure.
+
+    An outage is a connection that broke or could not be made: an InterfaceError, or an
+    OperationalError without an SQLSTATE (libpq's own) or with one of a lost session (class 08,
+    57P01-57P03 shutdowns, 53300 too many connections). A statement timeout (57014) or a
+    deadlock (40P01) is the handler's failure. Either way the connection is closed, so the next
+    run connects afresh; an outage keeps the message in hand, with no attempt spent.
+    """
+    if isinstance(error, OperationalError):
+        state = getattr(error.__cause__, "sqlstate", None)
+        down = state is None or str(state).startswith(LOST_SESSION)
+    elif isinstance(error, InterfaceError):
+        down = True
+    else:
         return False
-    connection = connections[conf.database_alias()]
-    try:
-        connection.close()
-        connection.ensure_connection()
-        return not connection.is_usable()
-    except (OperationalError, InterfaceError):
-        return True
+    connections[conf.database_alias()].close()
+    return down
 
 
 def _broker(consumer: Consumer) -> tuple[str, dict[str, Any]]:

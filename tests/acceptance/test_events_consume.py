@@ -291,6 +291,32 @@ def test_the_consumer_reconnects_after_a_broker_outage(private_redis: Any, make_
     setup.sentinel("after")
 
 
+def _terminate_other_sessions() -> int:
+    """End every other session on the test database (the consumer's included); how many."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_a_lost_database_connection_spends_no_attempt(broker_url: str, make_setup: Any) -> None:
+    """The consumer's session is terminated: it reconnects and handles the event, no retry."""
+    setup = make_setup(broker_url)
+    setup.start()
+    setup.sentinel("before")
+    assert _terminate_other_sessions() >= 1
+    envelope = setup.publish(OrderPlaced(order_id=1, marker="after-outage"))
+    setup.sentinel("after")
+    assert effects("after-outage") == 1, setup.logs()
+    assert len(runs(setup.record, envelope.id)) == 1
+    assert "outbox.consumer_database_unavailable" in setup.logs()
+    assert "outbox.event_retry_scheduled" not in setup.logs()
+
+
 def _command(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "django", "outbox_consume", *args],

@@ -158,6 +158,8 @@ def test_registration_mistakes_fail_at_registration() -> None:
         consumer.handler(dict)
     with pytest.raises(ConfigurationError, match="max_attempts and prefetch"):
         Consumer("reg", exchange="x", max_attempts=0)
+    with pytest.raises(ConfigurationError, match="consumer's inbox scope must have 1 to 255"):
+        Consumer("n" * 250, exchange="x")
 
 
 def test_the_event_type_rule_is_module_and_qualified_name_unless_declared() -> None:

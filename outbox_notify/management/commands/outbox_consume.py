@@ -48,15 +48,25 @@ class Command(BaseCommand):
 
 
 def _require_inbox() -> None:
-    """Stop at start, in one line, when the inbox table is missing or unreadable."""
+    """Stop at start, in one line, when the inbox table is missing or not writable."""
     alias = conf.database_alias()
     connection = connections[alias]
     try:
-        figures = inbox.collect_stats(connection, exact_limit=0)
+        with connection.cursor() as cursor:
+            cursor.execute(inbox.queries()["inbox_writable"])
+            state = cursor.fetchone()[0]
     finally:
-        connection.close()
-    if figures.unavailable is not None:
-        raise CommandError(f"the inbox table on database {alias!r} is {figures.unavailable}")
+        connection.close()  # the consumer's handlers open it again when they need it
+    if state == "missing":
+        raise CommandError(
+            f"the outbox tables are missing on database {alias!r} (no inbox table): run "
+            "`python manage.py migrate outbox_notify`"
+        )
+    if state == "denied":
+        raise CommandError(
+            f"the database role of {alias!r} lacks {NEEDS}, which outbox_consume needs "
+            "(see docs/security.md)"
+        )
 
 
 def _require_broker(runner: Runner) -> None:
