@@ -9,7 +9,7 @@ consumer, however often the broker delivers the event.
 This module decides what one message body becomes (handled, skipped, undecodable, failed);
 `outbox_notify.events.delivery` talks to the broker: acknowledgements, retries with backoff,
 dead letters, reconnection. `manage.py outbox_consume` runs a consumer. See
-docs/events-consuming.md.
+docs/events.md, "Consuming once".
 """
 
 from __future__ import annotations
