@@ -11,7 +11,8 @@ tasks (`add.apply_async`) through the same relay, alternated with the events, fo
 Prints the medians in messages/s, and what publish() costs the writer per event.
 
 Brokers: OUTBOX_BENCH_AMQP_URL (default amqp://guest:guest@127.0.0.1:5672//) and
-OUTBOX_BENCH_REDIS_URL (default redis://127.0.0.1:6379/12).
+OUTBOX_BENCH_REDIS_URL (default redis://127.0.0.1:6379/12); OUTBOX_BENCH_EVENTS_NAME names the
+exchange and queues (default outbox-bench-events), all removed at the end.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from outbox_notify import sql
 ROOT = Path(__file__).resolve().parent.parent
 AMQP_URL = os.environ.get("OUTBOX_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
-EXCHANGE = "outbox-bench-events"
-QUEUE = "outbox-bench-events"
-TASK_QUEUE = "outbox-bench-event-tasks"
+# The exchange and its queue; tasks go to NAME-tasks. Tests give each run its own name.
+NAME = os.environ.get("OUTBOX_BENCH_EVENTS_NAME", "outbox-bench-events")
+EXCHANGE = QUEUE = NAME
+TASK_QUEUE = f"{NAME}-tasks"
 DRAIN_DEADLINE = 600.0  # seconds one round may take before the benchmark gives up
 
 
@@ -122,7 +124,7 @@ class Redis(Broker):
         self.client.delete(QUEUE, TASK_QUEUE)
 
     def teardown_keys(self) -> None:
-        for key in self.client.keys("*outbox-bench-event*"):
+        for key in self.client.keys(f"*{NAME}*"):
             self.client.delete(key)
 
     def teardown(self) -> None:

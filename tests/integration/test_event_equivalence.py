@@ -3,8 +3,9 @@
 The reference publish is the one the events design names: body `encode(envelope)`, content
 type `application/cloudevents+json`, UTF-8, the binding headers plus the caller's, persistent,
 to the exchange (declared as configured) with the routing key. The relay's paths (kombu's
-general path and the RabbitMQ pipelined publisher; on Redis events take the general path)
-must deliver the same bytes and properties.
+general path, the RabbitMQ pipelined publisher, the Redis pipeline, which looks bindings up
+once per exchange and routing key in a batch) must deliver the same bytes and properties, and
+on Redis fill the same lists as kombu's exchange emulation.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import amqp
 import celery
 import pytest
 import redis
+import structlog
 from kombu import Connection, Exchange, Producer, Queue
 
 from outbox_notify.events import envelope as wire
@@ -30,7 +32,7 @@ from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
 from outbox_notify.relay.publisher import KombuPublisher, Result
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimedRow
-from tests.integration.test_fast_path import normalised
+from tests.integration.test_fast_path import claimed, normalised
 
 WHEN = dt.datetime(2026, 11, 26, 9, 30, 15, 123456, tzinfo=dt.UTC)
 HEADERS = {"x-tenant": "acme", "x-attempt": 3}
@@ -130,27 +132,89 @@ def _redis_envelopes(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
     return [normalised(raw) for raw in reversed(client.lrange(queue, 0, -1))]
 
 
-def test_event_on_redis_equals_kombus_publish(redis_url: str, queue_name: str) -> None:
-    """On Redis the relay (its general path for named exchanges) writes kombu's own envelope."""
+def _redis_publishers(redis_url: str) -> tuple[KombuPublisher, RedisPipelinePublisher]:
+    app = celery.Celery("event-equivalence", broker=redis_url, set_as_current=False)
+    return KombuPublisher(app, send_timeout=5), RedisPipelinePublisher(
+        KombuPublisher(app, send_timeout=5)
+    )
+
+
+def test_event_on_redis_equals_kombus_publish_on_both_paths(
+    redis_url: str, queue_name: str
+) -> None:
+    """On Redis the general path and the pipeline write kombu's own envelope for an event."""
     name = f"{queue_name}-events"
     exchange = Exchange(name, type="topic", durable=True)
     envelope = _envelope(subject=None, data=[1, "two", None])
     message = messages.prepare(_claimed(envelope, name, "orders.placed"), dt.datetime.now(dt.UTC))
-    app = celery.Celery("event-equivalence", broker=redis_url, set_as_current=False)
-    publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))
+    general, fast = _redis_publishers(redis_url)
     client = redis.Redis.from_url(redis_url)
     try:
         with Connection(redis_url) as conn:
             Queue(queue_name, exchange, routing_key="orders.*")(conn.default_channel).declare()
             _reference(conn, envelope, exchange, "orders.placed")
-        assert publisher.publish([message], lambda: False)[0].result is Result.PUBLISHED
-        reference, via_relay = _redis_envelopes(client, queue_name)
+        assert general.publish([message], lambda: False)[0].result is Result.PUBLISHED
+        with structlog.testing.capture_logs() as logs:
+            assert fast.publish([message], lambda: False)[0].result is Result.PUBLISHED
+        reference, via_general, via_fast_path = _redis_envelopes(client, queue_name)
     finally:
-        publisher.close()
+        general.close()
+        fast.close()
         for key in client.keys(f"*{queue_name}*"):
             client.delete(key)
         client.close()
-    assert via_relay == reference
+    assert not [e for e in logs if e["event"] == "outbox.fast_path_unavailable"]
+    assert via_general == reference
+    assert via_fast_path == reference
     assert base64.b64decode(reference["body"]) == wire.encode(envelope)
     assert json.loads(base64.b64decode(reference["body"]))["data"] == [1, "two", None]
     assert reference["content-type"] == wire.CONTENT_TYPE
+
+
+def test_redis_pipeline_routes_a_mixed_batch_as_kombu_does(redis_url: str, queue_name: str) -> None:
+    """Events fanned out by topic bindings, an unroutable event and a task in one batch: the
+    pipeline fills the same lists with the same envelopes, and fails the same message."""
+    name = f"{queue_name}-events"
+    exchange = Exchange(name, type="topic", durable=True)
+    bindings = {"a": "orders.*", "b": "#", "c": "payments.*"}
+    now = dt.datetime.now(dt.UTC)
+    batch = [
+        messages.prepare(_claimed(_envelope(), name, "orders.placed"), now),
+        messages.prepare(_claimed(_envelope(), name, "payments.done"), now),
+        messages.prepare(_claimed(_envelope(), f"{name}-nobody", "orders.placed"), now),
+        messages.prepare(claimed(f"{queue_name}-task"), now),
+        messages.prepare(_claimed(_envelope(), name, "orders.placed"), now),
+    ]
+    general, fast = _redis_publishers(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    results: dict[str, list[Result]] = {}
+    lists: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    try:
+        with Connection(redis_url) as conn:
+            for suffix, pattern in bindings.items():
+                Queue(f"{queue_name}-{suffix}", exchange, routing_key=pattern)(
+                    conn.default_channel
+                ).declare()
+        for path, publisher in (("general", general), ("pipeline", fast)):
+            with structlog.testing.capture_logs() as logs:
+                results[path] = [a.result for a in publisher.publish(batch, lambda: False)]
+            fallbacks = [e for e in logs if e["event"] == "outbox.fast_path_unavailable"]
+            assert not fallbacks or path == "general", fallbacks
+            lists[path] = {
+                suffix: _redis_envelopes(client, f"{queue_name}-{suffix}")
+                for suffix in (*bindings, "task")
+            }
+            client.delete(*(f"{queue_name}-{suffix}" for suffix in (*bindings, "task")))
+    finally:
+        general.close()
+        fast.close()
+        for key in client.keys(f"*{queue_name}*"):
+            client.delete(key)
+        client.close()
+    published, failed = Result.PUBLISHED, Result.FAILED
+    assert results["general"] == results["pipeline"] == [published] * 2 + [failed] + [published] * 2
+    assert lists["pipeline"] == lists["general"]
+    ids = {k: [e["headers"].get("cloudEvents_id") for e in v] for k, v in lists["general"].items()}
+    first, second, _, task, third = (m.row.task_id for m in batch)
+    assert ids == {"a": [first, third], "b": [first, second, third], "c": [second], "task": [None]}
+    assert lists["general"]["task"][0]["headers"]["id"] == task

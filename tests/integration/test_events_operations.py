@@ -139,3 +139,18 @@ def test_created_signal_fires_for_events_after_commit() -> None:
         signals.outbox_message_created.disconnect(receiver)
     assert [(s["task_id"], s["task_name"]) for s in seen] == [(sent.id, "shop.order.placed")]
     assert not DeadLetter.objects.exists()
+
+
+def test_dead_lettered_event_requeued_by_type_is_published_with_its_id(fake_relay: Any) -> None:
+    """outbox_requeue_dead_letter --task-name <event type> brings an event back unchanged: the
+    relay then publishes the same CloudEvent (same id, time and headers)."""
+    with transaction.atomic():
+        sent = events.publish({"type": "shop.order.paid", "data": {"n": 1}}, exchange="shop")
+    _dead_letter_one("shop.order.paid")
+    call_command(
+        "outbox_requeue_dead_letter", "--task-name", "shop.order.paid", stdout=io.StringIO()
+    )
+    assert not DeadLetter.objects.exists()
+    [message] = fake_relay.drain()
+    assert message.event == sent
+    assert message.headers["cloudEvents_id"] == sent.id
