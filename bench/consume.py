@@ -234,6 +234,22 @@ def summarise(rounds: list[Round]) -> dict[str, Any]:
     return out
 
 
+def markdown(summary: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of a run's figures."""
+    lines = [
+        "One `outbox_consume` runner in-process, its handler writing one row, the event id "
+        "recorded in the inbox in the same transaction (one commit per event; PostgreSQL with "
+        "fsync on); events staged in the queue first (`python -m bench.consume`).",
+        "",
+        "| broker | events consumed/s (median) | rounds | events per round |",
+        "|---|---|---|---|",
+    ]
+    for broker, fig in summary.items():
+        each = ", ".join(f"{rate:.0f}" for rate in fig["rounds"])
+        lines.append(f"| {broker} | {fig['events_per_second']:.0f} | {each} | {fig['events']:,} |")
+    return "\n".join(lines)
+
+
 def print_report(summary: dict[str, Any]) -> None:
     print("events consumed per second, one consumer, inbox + one row per event (median)")
     for broker, figures in summary.items():

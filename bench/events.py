@@ -1,6 +1,7 @@
 """Domain events published per second through one relay, into RabbitMQ and into Redis.
 
 Run: .venv/bin/python -m bench.events [--events 20000] [--rounds 3] [--brokers rabbitmq,redis]
+                                      [--quick] [--json PATH]
 
 Starts a private PostgreSQL with sql/install.sql and, per broker, one real `outbox_listen`
 (default flags). Each round commits --events events in one transaction, written by
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import subprocess
@@ -247,7 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=20_000, help="events per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--brokers", default="rabbitmq,redis", help="comma-separated")
+    parser.add_argument("--quick", action="store_true", help="2,000 events, 1 round")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.events, args.rounds = 2_000, 1
     brokers = {"rabbitmq": Rabbit(), "redis": Redis()}
     chosen = [brokers[name.strip()] for name in args.brokers.split(",") if name.strip()]
     print("(figures from a shared machine are indicative: re-measure on a quiet one)")
@@ -256,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.read("install.sql"))
         _django(url, chosen[0].url)
+        results: dict[str, Any] = {}
         for broker in chosen:
             figures = measure(broker, url, args.events, args.rounds)
             print(
@@ -265,6 +272,28 @@ def main(argv: list[str] | None = None) -> None:
                 "in the writer"
             )
             print("  runs (msg/s):", figures["runs"])
+            results[broker.name] = figures
+    if args.json:
+        summary = {"events": args.events, "rounds": args.rounds, "brokers": results}
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The docs/benchmarks.md section of a run's figures."""
+    lines = [
+        f"One relay (default flags), {summary['events']:,} events per round committed in one "
+        f"transaction through `events.publish()`, medians of {summary['rounds']} round(s), "
+        "alternated with as many Celery tasks through the same relay (`python -m bench.events`).",
+        "",
+        "| broker | events/s through one relay | tasks/s, same relay | `publish()` µs per event in the writer |",
+        "|---|---|---|---|",
+    ]
+    for name, fig in summary["brokers"].items():
+        lines.append(
+            f"| {name} | {fig['events_per_second']:,.0f} | {fig['tasks_per_second']:,.0f} | "
+            f"{fig['publish_call_us']:.0f} |"
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
