@@ -119,8 +119,15 @@ class Demo:
         return {
             "DJANGO_SETTINGS_MODULE": "example.project.settings",
             "DATABASE_URL": found.database_url,
+            "SHOP_PUBLISH_EVENTS": "1" if self.events_possible(found) else "0",
             **found.broker_env,
         }
+
+    @staticmethod
+    def events_possible(found: services.Services) -> bool:
+        """Whether events can route: not on kombu's filesystem transport, whose exchange
+        bindings live inside each process (the relay would never see the consumer's)."""
+        return not found.broker_url.startswith("filesystem:")
 
     def child_env(self) -> dict[str, str]:
         """Environment of the relay and the worker: ours, which has the settings' variables."""
@@ -157,6 +164,19 @@ class Demo:
         print(f"  relay     running, pid {relay.pid}")
         worker.wait_ready(ready)
         print(f"  worker    running, pid {worker.pid} (prefork x{WORKER_CONCURRENCY}, -Q {queue})")
+        if settings.SHOP_PUBLISH_EVENTS:
+            self.start_consumer(env)
+        else:
+            print("  consumer  not started: events need Redis or RabbitMQ (see docs/demo.md)")
+
+    def start_consumer(self, env: dict[str, str]) -> None:
+        """Declare the consumer's queue and bindings here (so no event published from now on
+        can miss it), then start `manage.py outbox_consume`."""
+        from example.demokit.consumer import declare_queue
+
+        queue = declare_queue()
+        consumer = self.spawn("consumer (manage.py outbox_consume)", processes.consumer_argv(), env)
+        print(f"  consumer  running, pid {consumer.pid} (queue {queue}, OrderPlaced events)")
 
     def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> processes.ManagedProcess:
         """Start one subprocess with its output in the log folder."""
@@ -176,6 +196,10 @@ class Demo:
             f"{self.args.rollback_share:.0%} of them rolled back"
         )
         self.ledger.executions_before = report.last_execution_id()
+        self.ledger.receipts_before = report.last_receipt_id()
+        from django.conf import settings
+
+        self.ledger.events = settings.SHOP_PUBLISH_EVENTS
         self.producer = orders.Producer(planned, self.args.rate, self.ledger)
         line = report.ProgressLine()
         self.orders_started = time.monotonic()
@@ -203,11 +227,13 @@ class Demo:
         last = self.watch(
             line,
             planned,
-            until=lambda now: now.executed >= now.committed or time.monotonic() > deadline,
+            until=lambda now: now.caught_up or time.monotonic() > deadline,
         )
-        if last.executed < last.committed:
+        if not last.caught_up:
             line.end()
-            print(f"gave up waiting after {self.args.timeout:g} s: some orders never ran")
+            print(
+                f"gave up waiting after {self.args.timeout:g} s: some orders or events never arrived"
+            )
             return
         time.sleep(SETTLE)
         line.show(report.progress(self.ledger, planned, self.orders_started), force=True)

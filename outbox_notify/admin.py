@@ -21,6 +21,7 @@ from django.utils import timezone
 from outbox_notify import conf, deadletter, held, redaction, stats
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
+from outbox_notify.serialization import EVENT_VERSION
 
 if TYPE_CHECKING:
     ModelAdmin = admin.ModelAdmin[Any]
@@ -100,6 +101,23 @@ class StateFilter(admin.SimpleListFilter):
         return queryset
 
 
+class KindFilter(admin.SimpleListFilter):
+    """Filter by what a row carries: a Celery task, or a domain event (outbox_notify.events)."""
+
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("task", "Celery tasks"), ("event", "domain events")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() == "event":
+            return queryset.filter(schema_version=EVENT_VERSION)
+        if self.value() == "task":
+            return queryset.exclude(schema_version=EVENT_VERSION)
+        return queryset
+
+
 def _preview(text: str | None) -> str:
     """The start of a long text for a list column."""
     return redaction.truncate(text or "", TEXT_PREVIEW)
@@ -114,7 +132,9 @@ def _header(obj: OutboxMessage | DeadLetter, key: str) -> Any:
 
 def outbox_summary() -> stats.OutboxStats:
     """The figures shown above both changelists (no top_failing: the list shows those)."""
-    return stats.collect(connections[conf.database_alias()], top=0)
+    return stats.collect(
+        connections[conf.database_alias()], top=0, event_types=stats.DEFAULT_EVENT_TYPES
+    )
 
 
 class ReadOnlyAdmin(ModelAdmin):
@@ -125,7 +145,7 @@ class ReadOnlyAdmin(ModelAdmin):
     list_per_page = 100
     search_fields = ("=task_id",)
     search_help_text = "Exact Celery task id."
-    list_filter = (TaskNameFilter, RetriesFilter)
+    list_filter = (KindFilter, TaskNameFilter, RetriesFilter)
     sample_order = "id"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -155,9 +175,16 @@ class ReadOnlyAdmin(ModelAdmin):
         rows = self.get_queryset(request).order_by(self.sample_order)
         return list(set(rows.values_list("task_name", flat=True)[:FILTER_SAMPLE]))
 
+    @admin.display(description="kind")
+    def kind(self, obj: OutboxMessage | DeadLetter) -> str:
+        """A Celery task, or a domain event (whose task name is the event type)."""
+        return "event" if obj.schema_version == EVENT_VERSION else "task"
+
     @admin.display(description="arguments")
     def arguments(self, obj: OutboxMessage | DeadLetter) -> str:
-        """The task's arguments, redacted and truncated."""
+        """The task's arguments (an event's data), redacted and truncated."""
+        if obj.schema_version == EVENT_VERSION:
+            return redaction.display_event(obj.task_name, obj.args)
         return redaction.display(obj.task_name, obj.args, obj.kwargs)
 
     @admin.display(description="eta")
@@ -188,6 +215,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
 
     list_display = (
         "id",
+        "kind",
         "task_name",
         "task_id",
         "retries",
@@ -197,9 +225,10 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "created_at",
         "arguments",
     )
-    list_filter = (StateFilter, TaskNameFilter, RetriesFilter)  # type: ignore[assignment]
+    list_filter = (StateFilter, KindFilter, TaskNameFilter, RetriesFilter)  # type: ignore[assignment]
     fields = readonly_fields = (
         "id",
+        "kind",
         "task_id",
         "task_name",
         "arguments",
@@ -287,6 +316,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     sample_order = "-dead_at"
     list_display = (
         "id",
+        "kind",
         "task_name",
         "task_id",
         "retries",
@@ -297,6 +327,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     )
     fields = readonly_fields = (
         "id",
+        "kind",
         "task_id",
         "task_name",
         "arguments",

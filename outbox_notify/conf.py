@@ -151,6 +151,19 @@ def _hold_eta_after(value: Any) -> float | None:
     return None if value is None else finite_number(value, unit=" of seconds, or None")
 
 
+def _event_source(value: Any) -> str | None:
+    # CloudEvents: `source` is a non-empty URI-reference; spaces and control characters
+    # cannot be part of one, and a NUL cannot be stored.
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or any(ch.isspace() or ord(ch) < 32 for ch in value):
+        raise Invalid(
+            "must be a non-empty URI-reference without spaces (such as "
+            f"'https://shop.example.com' or '/shop/orders'), or None, not {value!r}"
+        )
+    return value
+
+
 # Every setting outbox-notify reads: (name after the prefix, default, parser). The unknown-
 # setting check suggests names from here, so a new setting must be added here too.
 SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
@@ -168,6 +181,7 @@ SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes),
     ("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after),
     ("INBOX_RETENTION_DAYS", DEFAULT_INBOX_RETENTION_DAYS, _retention_days),
+    ("EVENT_SOURCE", None, _event_source),
 )
 KNOWN_SETTINGS = frozenset(PREFIX + name for name, _, _ in SETTINGS)
 
@@ -250,6 +264,18 @@ def statsd() -> dict[str, Any] | None:
 def hold_eta_after() -> float | None:
     """Seconds of ETA beyond which a task is held in the outbox; None: never hold."""
     return _read("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after)
+
+
+def event_source() -> str:
+    """The CloudEvents `source` of the events this service publishes (required to publish)."""
+    source = _read("EVENT_SOURCE", None, _event_source)
+    if source is None:
+        raise ConfigurationError(
+            "OUTBOX_NOTIFY_EVENT_SOURCE is not set: name this service as the source of its "
+            "domain events, e.g. OUTBOX_NOTIFY_EVENT_SOURCE = 'https://shop.example.com' or "
+            "'/shop' (docs/events.md)"
+        )
+    return source
 
 
 @functools.cache

@@ -29,8 +29,9 @@ def message_size(*texts: str | bytes, limit: int) -> int:
     return sum(text_bytes(text) for text in texts)
 
 
-def check_message_size(task_name: str, *texts: str | bytes) -> None:
-    """Raise SerializationError when a task's stored JSON is over OUTBOX_NOTIFY_MAX_MESSAGE_BYTES."""
+def check_message_size(task_name: str, *texts: str | bytes, kind: str = "task") -> None:
+    """Raise SerializationError when a task's (or an event's: `kind`) stored JSON is over
+    OUTBOX_NOTIFY_MAX_MESSAGE_BYTES."""
     # Imported here: serialization (which the relay core shares) must not pull in Django.
     from outbox_notify import conf
 
@@ -40,7 +41,7 @@ def check_message_size(task_name: str, *texts: str | bytes) -> None:
     size = message_size(*texts, limit=limit)
     if size > limit:
         raise SerializationError(
-            f"task {task_name!r} is {size:,} bytes as stored JSON, over the limit of "
+            f"{kind} {task_name!r} is {size:,} bytes as stored JSON, over the limit of "
             f"{limit:,} bytes (OUTBOX_NOTIFY_MAX_MESSAGE_BYTES); nothing was written. Pass a "
             "reference to the data (a primary key, a storage path) instead of the data itself, "
             "or raise the setting if your broker accepts larger messages."

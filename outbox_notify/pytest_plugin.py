@@ -126,6 +126,8 @@ def _run(messages: list[Any]) -> None:
 
     app = conf.celery_app()
     for message in messages:
+        if message.event is not None:
+            continue  # a domain event: its consumers live elsewhere, nothing runs here
         app.tasks[message.task_name].apply(
             args=message.args, kwargs=message.kwargs, task_id=message.task_id
         )

@@ -61,3 +61,14 @@ def display(
         return f"args={truncate(_json(shown_args), limit)} kwargs={truncate(_json(shown_kwargs), limit)}"
     except (TypeError, ValueError):
         return FAILED
+
+
+def display_event(event_type: str, data: Any, limit: int = MAX_LENGTH) -> str:
+    """One line for a domain event's data, redacted as a task called with `[data]` would be."""
+    shown = redact(event_type, [data], {})
+    if shown is None or len(shown[0]) != 1:
+        return FAILED
+    try:
+        return f"data={truncate(_json(shown[0][0]), limit)}"
+    except (TypeError, ValueError):
+        return FAILED

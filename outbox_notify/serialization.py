@@ -27,12 +27,15 @@ from outbox_notify.exceptions import (
 # The newest layout of `options` the relay reads: it has a decoder for every version up to
 # this one (relay/messages.py DECODERS) and leaves rows of a newer version alone (a newer relay
 # will publish them).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # The layout of a row without result-backend calls: version 1, which every relay reads.
 DEFAULT_VERSION = 1
 # Version 2 is version 1 plus `backend_calls`: result-backend calls (a chord's size) the relay
 # makes before it publishes the row (chords.py); a relay that predates them must not take it.
 BACKEND_CALLS_VERSION = 2
+# Version 3 is a domain event (outbox_notify.events.publishing): `args` holds the event's data,
+# `kwargs` its other CloudEvents attributes, `options` its exchange, routing key and headers.
+EVENT_VERSION = 3
 
 # kombu.Producer.publish keywords that are not message properties. retry/retry_policy and
 # the timeouts are the relay's business, so they are dropped at capture.
@@ -92,6 +95,8 @@ class PublishSpec:
     sent_event: dict[str, Any] | None = None
     # Result-backend calls to make before the message goes out (schema version 2, chords.py).
     backend_calls: list[dict[str, Any]] | None = None
+    # An exchange to declare (once per connection) before publishing: a domain event's.
+    declare_exchange: Exchange | None = None
 
     @property
     def declare(self) -> list[Queue]:
@@ -284,7 +289,8 @@ def _cached_entity(kind: str, value: Any) -> Any:
     return entity
 
 
-def _exchange_from_json(value: Any) -> str | Exchange:
+def exchange_from_json(value: Any) -> str | Exchange:
+    """An exchange as exchange_to_json stored it: a name, or the Exchange (built once)."""
     if value is None or isinstance(value, str):
         return value or ""
     result: Exchange = _cached_entity("exchange", value)
@@ -346,7 +352,7 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             headers=headers,
             properties=properties,
             embed=embed,
-            exchange=_exchange_from_json(options.get("exchange")),
+            exchange=exchange_from_json(options.get("exchange")),
             routing_key=options.get("routing_key"),
             serializer=options.get("serializer") or "json",
             compression=options.get("compression"),

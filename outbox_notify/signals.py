@@ -2,7 +2,7 @@
 
 Each is sent once the state it reports is final: committed, or (for a skipped duplicate) the
 delivery's empty transaction ended. Every signal here is sent with sender="outbox_notify" (a
-string, the same for all five), so `signal.connect(receiver, sender="outbox_notify")` receives
+string, the same for all seven), so `signal.connect(receiver, sender="outbox_notify")` receives
 them; docs/reference.md#signals lists their arguments and when each is sent.
 """
 
@@ -25,3 +25,9 @@ outbox_message_dead_lettered = Signal()
 # task_id, task_name, scope, key, first_task_id: a OnceTask delivery found its key committed
 # and skipped its body (sent in the worker, after the skip).
 outbox_duplicate_skipped = Signal()
+# event_id, event_type, consumer, scope: an events Consumer found the event id committed in its
+# scope and skipped the handler (sent in the consumer, after the skip).
+outbox_event_duplicate_skipped = Signal()
+# event_id, event_type (None when the body could not be read), consumer, reason: an events
+# Consumer published a message to its dead-letter exchange (sent before the message is acked).
+outbox_event_dead_lettered = Signal()

@@ -21,10 +21,12 @@ from psycopg.rows import tuple_row
 
 from outbox_notify import held
 from outbox_notify import sql as sql_files
+from outbox_notify.serialization import EVENT_VERSION
 
 EXACT_LIMIT = 10_000  # rows: a LIMITed count reads at most this many before estimating
 FAILING_WINDOW = 10_000  # rows: failing outbox rows and recent dead letters top_failing reads
-DEFAULT_TOP = 5  # task names in top_failing
+DEFAULT_TOP = 5  # task names in top_failing (and event types in events)
+DEFAULT_EVENT_TYPES = 10  # event types the admin's summary lists
 
 
 class Cursor(Protocol):
@@ -49,6 +51,15 @@ class FailingTask:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class EventType:
+    """Domain events of one type: rows waiting in the outbox, and dead letters."""
+
+    type: str
+    pending: int
+    dead_letters: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class OutboxStats:
     """A snapshot of the outbox's health; `exact` says which counts are estimates."""
 
@@ -65,6 +76,9 @@ class OutboxStats:
     exact: Mapping[str, bool]
     # Rows held until an ETA still ahead (counted in queue_depth, not in due_now).
     scheduled: held.Scheduled
+    # Domain events by type (outbox_notify.events), most numerous first; counted in the
+    # figures above too, where an event is one more message.
+    events: tuple[EventType, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready data (the `outbox_stats --format json` document)."""
@@ -72,6 +86,7 @@ class OutboxStats:
         data["top_failing"] = [dataclasses.asdict(task) for task in self.top_failing]
         data["exact"] = dict(self.exact)
         data["scheduled"] = held.as_json(self.scheduled)
+        data["events"] = [dataclasses.asdict(event) for event in self.events]
         return data
 
 
@@ -143,6 +158,19 @@ def top_failing(cur: Cursor, top: int, window: int) -> tuple[tuple[FailingTask, 
     return tasks, not any(row[4] for row in rows)
 
 
+def events_by_type(cur: Cursor, top: int, window: int) -> tuple[tuple[EventType, ...], bool]:
+    """The `top` event types with most rows, and whether the figures cover every row."""
+    if top <= 0:
+        return (), True
+    params = {"top": top, "window": window, "version": EVENT_VERSION}
+    cur.execute(queries()["events_by_type"], params)
+    rows = cur.fetchall()
+    found = tuple(
+        EventType(type=_text(name), pending=int(p), dead_letters=int(d)) for name, p, d, _ in rows
+    )
+    return found, not any(row[3] for row in rows)
+
+
 def relay_sessions(cur: Cursor) -> tuple[int, int, float]:
     """(relays listening, claim transactions open, age in seconds of the oldest claim)."""
     cur.execute(queries()["relay_sessions"])
@@ -156,13 +184,19 @@ def collect(
     top: int = DEFAULT_TOP,
     exact_limit: int = EXACT_LIMIT,
     failing_window: int = FAILING_WINDOW,
+    event_types: int | None = None,
 ) -> OutboxStats:
-    """Take a stats snapshot through a psycopg `Connection` or a Django connection."""
+    """Take a stats snapshot through a psycopg `Connection` or a Django connection.
+
+    `top` bounds top_failing, and the event types too unless `event_types` says otherwise.
+    """
     with cursor(connection) as cur:
         depth = bounded_count(cur, "count_messages_upto", "estimate_messages", exact_limit)
         retrying = bounded_count(cur, "count_retrying_upto", "estimate_retrying", exact_limit)
         dead = bounded_count(cur, "count_dead_letters_upto", "estimate_dead_letters", exact_limit)
         failing, failing_exact = top_failing(cur, top, failing_window)
+        types = top if event_types is None else event_types
+        by_type, events_exact = events_by_type(cur, types, failing_window)
         listening, claims, oldest_claim = relay_sessions(cur)
         scheduled = held.scheduled(cur, exact_limit)
         oldest = scalar(cur, "oldest_pending", {"window": exact_limit})
@@ -183,8 +217,10 @@ def collect(
                 "retrying": retrying.exact,
                 "dead_letter_count": dead.exact,
                 "top_failing": failing_exact,
+                "events": events_exact,
             },
             scheduled=scheduled,
+            events=by_type,
         )
 
 
@@ -205,6 +241,7 @@ def format_text(stats: OutboxStats) -> str:
         f"claims_open            {stats.claims_open}",
         f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
         *held.as_text(stats.scheduled),
+        *_events_text(stats),
         f"top_failing{' (sample)' if mark('top_failing') else ''}:",
     ]
     lines += [
@@ -212,3 +249,14 @@ def format_text(stats: OutboxStats) -> str:
         for t in stats.top_failing
     ] or ["  (none)"]
     return "\n".join(lines)
+
+
+def _events_text(stats: OutboxStats) -> list[str]:
+    """Lines for domain events by type; none at all while there are none (tasks only)."""
+    if not stats.events:
+        return []
+    sample = " (sample)" if not stats.exact.get("events", True) else ""
+    return [
+        f"events by type{sample}:",
+        *(f"  {e.type}  pending={e.pending} dead_letters={e.dead_letters}" for e in stats.events),
+    ]

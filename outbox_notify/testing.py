@@ -16,6 +16,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from outbox_notify import conf, sql
+from outbox_notify.events.envelope import CONTENT_TYPE, Envelope, decode
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
@@ -45,6 +46,9 @@ class PublishedMessage:
     properties: dict[str, Any]
     exchange: str
     routing_key: str | None
+    # A domain event (outbox_notify.events.publish): the CloudEvent its consumers receive.
+    # task_id and task_name are then the event's id and type, args and kwargs empty.
+    event: Envelope | None = None
 
 
 class RecordingPublisher:
@@ -69,17 +73,24 @@ class RecordingPublisher:
 
 
 def _published(message: OutgoingMessage) -> PublishedMessage:
-    body = json.loads(message.body) if isinstance(message.body, str) else list(message.body)
+    event = decode(message.body) if message.content_type == CONTENT_TYPE else None
+    if event is not None:
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+    else:
+        body = json.loads(message.body) if isinstance(message.body, str) else list(message.body)
+        args, kwargs = list(body[0]), dict(body[1])
     exchange = message.spec.exchange
     return PublishedMessage(
         task_id=message.row.task_id,
         task_name=message.row.task_name,
-        args=list(body[0]),
-        kwargs=dict(body[1]),
+        args=args,
+        kwargs=kwargs,
         headers=dict(message.headers),
         properties=dict(message.spec.properties),
         exchange=exchange if isinstance(exchange, str) else exchange.name,
         routing_key=message.spec.routing_key,
+        event=event,
     )
 
 

@@ -61,3 +61,14 @@ WHERE i.id = doomed.id;
 -- name: database_now
 -- The database's clock, so the purge's cut-off agrees with created_at.
 SELECT now();
+
+-- name: inbox_writable
+-- What `outbox_consume` checks at start: 'ok', 'missing' (before migration 0004_inbox) or
+-- 'denied' (the role cannot both read and insert keys). Without it, every event would fail
+-- in its handler's transaction and be retried, then dead-lettered, for a deployment mistake.
+SELECT CASE
+    WHEN to_regclass('outbox_notify_inbox_v1') IS NULL THEN 'missing'
+    WHEN NOT (has_table_privilege('outbox_notify_inbox_v1', 'SELECT')
+              AND has_table_privilege('outbox_notify_inbox_v1', 'INSERT')) THEN 'denied'
+    ELSE 'ok'
+END;

@@ -93,6 +93,39 @@ GROUP BY task_name
 ORDER BY sum(retries) DESC, sum(dead_letters) DESC, task_name
 LIMIT %(top)s;
 
+-- name: events_by_type
+-- Domain events (schema_version %(version)s) by type, over bounded windows like top_failing:
+-- among the %(window)s oldest outbox rows (through the primary key) and the %(window)s most
+-- recent dead letters. `full_window` tells whether a window was cut short (a sample).
+WITH oldest AS (
+    SELECT task_name, schema_version
+    FROM outbox_notify_message_v1
+    ORDER BY id
+    LIMIT %(window)s
+),
+dead AS (
+    SELECT task_name, schema_version
+    FROM outbox_notify_dead_letter_v1
+    ORDER BY dead_at DESC
+    LIMIT %(window)s
+),
+per_type AS (
+    SELECT task_name, count(*) AS pending, 0 AS dead_letters
+    FROM oldest WHERE schema_version = %(version)s GROUP BY task_name
+    UNION ALL
+    SELECT task_name, 0, count(*)
+    FROM dead WHERE schema_version = %(version)s GROUP BY task_name
+)
+SELECT task_name,
+       sum(pending)::bigint AS pending,
+       sum(dead_letters)::bigint AS dead_letters,
+       (SELECT count(*) FROM oldest) >= %(window)s
+           OR (SELECT count(*) FROM dead) >= %(window)s AS full_window
+FROM per_type
+GROUP BY task_name
+ORDER BY sum(pending) + sum(dead_letters) DESC, task_name
+LIMIT %(top)s;
+
 -- name: notify_queue_usage
 -- Fraction (0..1) of the server's NOTIFY queue in use; near 1, notifying commits fail.
 SELECT pg_notification_queue_usage()::float8;

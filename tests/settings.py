@@ -82,3 +82,5 @@ OUTBOX_NOTIFY_LISTEN_DSN = os.environ.get("OUTBOX_TEST_LISTEN_DSN") or None
 # Set by tests that receive the relay's StatsD datagrams (tests/integration/test_relay_role.py).
 OUTBOX_NOTIFY_STATSD_HOST = os.environ.get("OUTBOX_TEST_STATSD_HOST") or None
 OUTBOX_NOTIFY_STATSD_PORT = int(os.environ.get("OUTBOX_TEST_STATSD_PORT") or 8125)
+# The CloudEvents `source` of the events the tests publish (outbox_notify.events.publish).
+OUTBOX_NOTIFY_EVENT_SOURCE = "/tests/outbox-notify"

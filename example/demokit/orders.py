@@ -1,7 +1,7 @@
 """Places orders from a few threads at a steady rate, each in its own transaction.
 
-Each order: create the Order, `fulfil_order.delay(...)` (a row in the outbox, in the same
-transaction), then commit, or roll back for the share of orders chosen to fail. The ledger
+Each order: create the Order, `fulfil_order.delay(...)` and `events.publish(OrderPlaced(...))`
+(two rows in the outbox, in the same transaction), then commit, or roll back for the share of orders chosen to fail. The ledger
 keeps the producer's side of the story: which orders committed (and when the commit
 returned) and which rolled back.
 """
@@ -34,6 +34,8 @@ class Ledger:
     rolled_back: set[int] = dataclasses.field(default_factory=set)
     errors: list[str] = dataclasses.field(default_factory=list)
     executions_before: int = 0  # Execution ids up to this one belong to earlier runs
+    receipts_before: int = 0  # EventReceipt ids likewise
+    events: bool = True  # whether orders publish OrderPlaced (not on the filesystem transport)
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def record_commit(self, order_id: int, returned_at: float) -> None:
@@ -70,16 +72,24 @@ def tickets(count: int, rollback_share: float, seed: int | None) -> list[Ticket]
 
 def place_order(ticket: Ticket, ledger: Ledger) -> None:
     """Create one order and enqueue its fulfilment in one transaction; commit or roll back."""
+    from django.conf import settings
     from django.db import transaction
 
+    from example.shop import events as shop_events
     from example.shop.models import Order
     from example.shop.tasks import fulfil_order
+    from outbox_notify import events
 
     with transaction.atomic():
         order = Order.objects.create(
             customer=f"customer-{ticket.number % 17}", amount_cents=100 + ticket.number
         )
         fulfil_order.delay(order.pk, time.time())
+        if settings.SHOP_PUBLISH_EVENTS:  # a second outbox row, in the same transaction
+            placed = shop_events.OrderPlaced(
+                order_id=order.pk, customer=order.customer, amount_cents=order.amount_cents
+            )
+            events.publish(placed, exchange=shop_events.exchange())
         if ticket.rollback:
             transaction.set_rollback(True)
     if ticket.rollback:

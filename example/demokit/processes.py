@@ -121,6 +121,11 @@ def relay_argv(liveness_file: Path) -> list[str]:
     ]
 
 
+def consumer_argv() -> list[str]:
+    """`manage.py outbox_consume` running the shop's event consumer."""
+    return [sys.executable, str(MANAGE_PY), "outbox_consume", "example.shop.consumers.consumer"]
+
+
 def worker_argv(queue: str, concurrency: int) -> list[str]:
     """A Celery worker of the example app, consuming only the demo's queue."""
     return [

@@ -22,15 +22,23 @@ class Progress:
     committed: int
     rolled_back: int
     executed: int
+    events: int | None  # committed orders whose OrderPlaced was received; None: not published
     in_outbox: int
     elapsed: float
 
+    @property
+    def caught_up(self) -> bool:
+        """Every committed order executed, and its event received (when events are on)."""
+        received = self.committed if self.events is None else self.events
+        return self.executed >= self.committed and received >= self.committed
+
     def line(self) -> str:
         """The one-line rendering."""
+        events = "" if self.events is None else f"  events {self.events}"
         return (
             f"[{self.elapsed:6.1f}s] placed {self.placed}/{self.planned}  "
             f"committed {self.committed}  rolled back {self.rolled_back}  "
-            f"executed {self.executed}  in outbox {self.in_outbox}"
+            f"executed {self.executed}{events}  in outbox {self.in_outbox}"
         )
 
 
@@ -41,6 +49,28 @@ def last_execution_id() -> int:
     from example.shop.models import Execution
 
     return int(Execution.objects.aggregate(last=Max("id"))["last"] or 0)
+
+
+def last_receipt_id() -> int:
+    """The newest EventReceipt id before this run."""
+    from django.db.models import Max
+
+    from example.shop.models import EventReceipt
+
+    return int(EventReceipt.objects.aggregate(last=Max("id"))["last"] or 0)
+
+
+def _received(ledger: Ledger) -> int | None:
+    from example.shop.models import EventReceipt
+
+    if not ledger.events:
+        return None
+    orders = set(
+        EventReceipt.objects.filter(id__gt=ledger.receipts_before)
+        .values_list("order_id", flat=True)
+        .distinct()
+    )
+    return ledger.committed_among(orders)
 
 
 def progress(ledger: Ledger, planned: int, started: float) -> Progress:
@@ -54,6 +84,7 @@ def progress(ledger: Ledger, planned: int, started: float) -> Progress:
         .distinct()
     )
     executed = ledger.committed_among(ran)
+    events = _received(ledger)
     committed, rolled_back, failed = ledger.counts()  # read second: never below `executed`
     return Progress(
         placed=committed + rolled_back + failed,
@@ -61,6 +92,7 @@ def progress(ledger: Ledger, planned: int, started: float) -> Progress:
         committed=committed,
         rolled_back=rolled_back,
         executed=executed,
+        events=events,
         in_outbox=OutboxMessage.objects.count(),
         elapsed=time.monotonic() - started,
     )
@@ -109,16 +141,57 @@ class Summary:
     outbox_left: int
     latencies_ms: list[float]
     missing: list[int]
+    events: EventSummary | None = None  # None: events were not published in this run
 
     @property
     def ok(self) -> bool:
-        """The verdict: every committed order ran, after its commit; no rolled-back one ran."""
+        """The verdict: every committed order ran, after its commit; no rolled-back one ran;
+        every committed order's event was received once, and no rolled-back order's."""
         return (
             self.executed == self.committed
             and self.executed_rolled_back == 0
             and self.executed_early == 0
             and self.failed_orders == 0
+            and (self.events is None or self.events.ok(self.committed))
         )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EventSummary:
+    """What the shop's consumer received: EventReceipt rows of this run against the ledger."""
+
+    received: int  # committed orders with a receipt
+    rolled_back: int  # receipts of orders that never committed
+    duplicates: int  # receipts beyond the first per order
+    latencies_ms: list[float]
+
+    def ok(self, committed: int) -> bool:
+        """Once per committed order, never for a rolled-back one."""
+        return self.received == committed and self.rolled_back == 0 and self.duplicates == 0
+
+
+def _event_summary(ledger: Ledger, committed: dict[int, float]) -> EventSummary | None:
+    from example.shop.models import EventReceipt
+
+    if not ledger.events:
+        return None
+    rows = EventReceipt.objects.filter(id__gt=ledger.receipts_before).values_list(
+        "order_id", "received_at_epoch", "order_missing"
+    )
+    first: dict[int, float] = {}
+    missing_order: set[int] = set()
+    total = 0
+    for order_id, at, order_missing in rows:
+        first[order_id] = min(at, first.get(order_id, at))
+        total += 1
+        if order_missing:
+            missing_order.add(order_id)
+    return EventSummary(
+        received=len(committed.keys() & first.keys()),
+        rolled_back=len((first.keys() - committed.keys()) | (missing_order - committed.keys())),
+        duplicates=total - len(first),
+        latencies_ms=sorted((first[i] - at) * 1000.0 for i, at in committed.items() if i in first),
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,6 +245,7 @@ def summarise(ledger: Ledger) -> Summary:
             (runs.first[i] - at) * 1000.0 for i, at in committed.items() if i in runs.first
         ),
         missing=sorted(committed.keys() - runs.first.keys()),
+        events=_event_summary(ledger, committed),
     )
 
 
@@ -200,6 +274,14 @@ def render(summary: Summary) -> str:
     ]
     if summary.failed_orders:
         rows.insert(3, ("orders that failed to place", str(summary.failed_orders)))
+    if summary.events is not None:
+        events = summary.events
+        rows += [
+            ("OrderPlaced events received", f"{events.received}  (must equal committed)"),
+            ("events of rolled-back orders", f"{events.rolled_back}  (must be 0)"),
+            ("events handled twice", f"{events.duplicates}  (must be 0)"),
+            ("event latency p50 (commit→handler)", _ms(percentile(events.latencies_ms, 0.50))),
+        ]
     width = max(len(name) for name, _ in rows)
     lines = ["summary", "-" * (width + 14)]
     lines += [f"  {name.ljust(width)}  {value}" for name, value in rows]

@@ -65,6 +65,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = json.loads(
     os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS") or "{}"
 )
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_TASK_DEFAULT_QUEUE", "outbox-notify-demo")
+# Domain events (example/shop/events.py): where OrderPlaced goes, and whether it is published
+# (the demo turns it off on kombu's filesystem transport, whose exchange bindings live in
+# each process and so cannot route from the relay to the consumer).
+SHOP_EVENTS_EXCHANGE = os.environ.get("SHOP_EVENTS_EXCHANGE", "outbox-notify-demo.events")
+SHOP_PUBLISH_EVENTS = os.environ.get("SHOP_PUBLISH_EVENTS", "1") == "1"
+OUTBOX_NOTIFY_EVENT_SOURCE = "/outbox-notify/example-shop"
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -34,3 +34,19 @@ class Execution(models.Model):
 
     def __str__(self) -> str:
         return f"execution of order {self.order_id} ({self.task_id})"
+
+
+class EventReceipt(models.Model):
+    """One OrderPlaced event handled by the shop's consumer (example/shop/consumers.py).
+
+    The consumer's inbox makes this once per event: a duplicate delivery is skipped before
+    the handler runs, so two receipts for one order would mean the guarantee failed.
+    """
+
+    order_id = models.BigIntegerField(db_index=True)
+    event_id = models.CharField(max_length=64)
+    received_at_epoch = models.FloatField()
+    order_missing = models.BooleanField(default=False)
+
+    def __str__(self) -> str:
+        return f"event {self.event_id} for order {self.order_id}"

@@ -40,7 +40,7 @@ from kombu.serialization import dumps as kombu_dumps
 
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay import amqp_properties, gates
-from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
+from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,
     KombuPublisher,
@@ -48,6 +48,7 @@ from outbox_notify.relay.publisher import (
     culprit_error,
     entity_names,
     error_text,
+    exchange_key,
     is_break,
     may_start,
     unroutable_error,
@@ -295,9 +296,17 @@ class AmqpConfirmPublisher:
         message: OutgoingMessage,
         deadline: Callable[[], bool],
     ) -> bool:
-        """Declare the message's queues and check its exchange exists, each once a connection."""
+        """Declare the message's exchange (an event's) and queues, or check its exchange
+        exists, each once a connection."""
         spec = message.spec
         channel: Any = producer.channel
+        declared = spec.declare_exchange
+        if declared is not None and exchange_key(declared) not in session.declared:
+            if not may_start(deadline, self.general.step):
+                return False
+            declared.declare(channel=channel)
+            session.declared.add(exchange_key(declared))
+            session.exchanges.add(declared.name)
         if spec.declare_json and not all(q["name"] in session.declared for q in spec.declare_json):
             for entity in spec.declare:
                 if entity.name in session.declared:
@@ -333,7 +342,7 @@ class AmqpConfirmPublisher:
             properties["expiration"] = str(int(message.expiration * 1000))
         headers = dict(message.headers) if spec.compression else message.headers
         if spec.serializer == "json":
-            content_type, encoding, body = JSON_CONTENT_TYPE, "utf-8", message.body.encode()
+            content_type, encoding, body = message.content_type, "utf-8", message.body.encode()
         else:
             content_type, encoding, body = kombu_dumps(message.body, serializer=spec.serializer)
         if spec.compression:

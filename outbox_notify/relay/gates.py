@@ -25,6 +25,8 @@ REDIS_CHANNEL_NEEDS = (
     "_inplace_augment_message",
     "prepare_message",
     "client",
+    "_lookup",  # the bound lists of a domain event's exchange
+    "deadletter_queue",
 )
 AMQP_CHANNEL_NEEDS = ("send_method", "confirm_select", "events", "prepare_message")
 AMQP_CONNECTION_NEEDS = ("on_blocked", "on_unblocked", "drain_events", "transport")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from kombu import Exchange
 from kombu.utils import json as kombu_json
 
 from outbox_notify.exceptions import UndecodableMessage
@@ -22,10 +23,16 @@ from outbox_notify.relay.store import ClaimedRow
 from outbox_notify.serialization import (
     PublishSpec,
     decode_options,
+    exchange_from_json,
     expiration_seconds,
 )
 
 JSON_CONTENT_TYPE = "application/json"
+# outbox_notify.events.envelope.CONTENT_TYPE (not imported: the relay core stays Django-free,
+# and the events package imports Django through its publishing side)
+EVENT_CONTENT_TYPE = "application/cloudevents+json"
+EVENT_ATTRIBUTES = ("specversion", "id", "source", "type", "time")
+PERSISTENT = 2  # AMQP delivery mode
 TYPE_TAG = '"__type__"'
 PLAIN_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 PLAIN_EMBED_TEXT = kombu_json.dumps(PLAIN_EMBED)
@@ -43,6 +50,7 @@ class OutgoingMessage:
     expiration: float | None
     log_context: dict[str, Any]
     plain: bool  # only plain JSON types inside: the C encoder may serialise the envelope
+    content_type: str = JSON_CONTENT_TYPE  # of `body` when the serializer is json
 
 
 def _decode_json(text: str, what: str) -> Any:
@@ -107,11 +115,86 @@ def _decode_v2(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
     return message
 
 
+def _event_exchange(value: Any) -> Exchange:
+    """What a domain event's row names: a durable topic exchange, or an Exchange as given."""
+    exchange = exchange_from_json(value)
+    if isinstance(exchange, Exchange):
+        return exchange
+    if not exchange:
+        raise UndecodableMessage("an event row names no exchange")
+    return _topic_exchange(exchange)
+
+
+_topics: dict[str, Exchange] = {}
+
+
+def _topic_exchange(name: str) -> Exchange:
+    exchange = _topics.get(name)
+    if exchange is None:
+        if len(_topics) >= 256:
+            _topics.clear()
+        exchange = _topics[name] = Exchange(name, type="topic", durable=True)
+    return exchange
+
+
+def _event_options(row: ClaimedRow) -> tuple[dict[str, Any], Exchange, str]:
+    options = _decode_json(row.options, "options")
+    attributes = _decode_json(row.kwargs, "the event's attributes")
+    if not isinstance(options, dict) or not isinstance(options.get("headers"), dict):
+        raise UndecodableMessage("an event's options must be an object with a headers object")
+    if not isinstance(attributes, dict) or not all(
+        isinstance(attributes.get(name), str) for name in EVENT_ATTRIBUTES
+    ):
+        raise UndecodableMessage(
+            f"an event's attributes must include {', '.join(EVENT_ATTRIBUTES)}"
+        )
+    routing_key = options.get("routing_key")
+    if not isinstance(routing_key, str):
+        raise UndecodableMessage("an event's routing_key must be a string")
+    try:
+        exchange = _event_exchange(options.get("exchange"))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UndecodableMessage(f"an event's exchange cannot be decoded: {exc!r}") from exc
+    return options["headers"], exchange, routing_key
+
+
+def _decode_v3(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Schema version 3, a domain event: `args` its data, `kwargs` its other attributes.
+
+    The body is the CloudEvents structured-mode JSON object, spliced from the stored texts
+    (kombu's JSON of the attributes, then `"data"`): what `events.envelope.encode` gives.
+    """
+    headers, exchange, routing_key = _event_options(row)
+    context = _decode_json(row.context, "context") if len(row.context) > 2 else {}
+    spec = PublishSpec(
+        headers=headers,
+        properties={},
+        embed={},
+        exchange=exchange.name,
+        routing_key=routing_key,
+        serializer="json",
+        compression=None,
+        delivery_mode=PERSISTENT,
+        declare_json=[],
+        declare_exchange=exchange,
+    )
+    return OutgoingMessage(
+        row=row,
+        body=f'{row.kwargs.rstrip()[:-1]}, "data": {row.args}}}',
+        spec=spec,
+        headers=headers,
+        expiration=None,
+        plain=TYPE_TAG not in row.options,
+        log_context=dict(context.get("structlog") or {}) if isinstance(context, dict) else {},
+        content_type=EVENT_CONTENT_TYPE,
+    )
+
+
 Decoder = Callable[[ClaimedRow, dt.datetime], OutgoingMessage]
 
 # One decoder per schema_version ever released, never removed (docs/install.md, "Adding a
 # schema version"); tests/integration/test_schema_versions.py publishes a frozen row of each.
-DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1, 2: _decode_v2})
+DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1, 2: _decode_v2, 3: _decode_v3})
 
 
 def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:

@@ -24,7 +24,7 @@ from kombu.exceptions import OperationalError
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay.config import SEND_TIMEOUTS_PER_STEP
 from outbox_notify.relay.isolation import Isolation
-from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
+from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.policy import Clock
 
 log = structlog.get_logger("outbox_notify")
@@ -169,6 +169,11 @@ def is_break(exc: BaseException) -> bool:
 def error_text(exc: BaseException) -> str:
     """An exception as one line of text for logs and last_error."""
     return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def exchange_key(exchange: Exchange) -> str:
+    """How a declared exchange is remembered among the declared queue names (cannot clash)."""
+    return f"\x00exchange:{exchange.name}"
 
 
 def entity_names(message: OutgoingMessage) -> tuple[str, str]:
@@ -340,8 +345,10 @@ class KombuPublisher:
     def _declare(
         self, producer: Producer, message: OutgoingMessage, deadline: Callable[[], bool]
     ) -> bool:
-        """Declare the message's queues once per connection: a step of its own."""
+        """Declare the message's exchange and queues once per connection: a step each."""
         spec = message.spec
+        if not self._declare_exchange(producer, message, deadline):
+            return False
         if not spec.declare_json or all(q["name"] in self.declared for q in spec.declare_json):
             return True
         for entity in spec.declare:
@@ -353,6 +360,20 @@ class KombuPublisher:
             maybe_declare(entity, channel)
             self.declared.add(entity.name)
         return may_start(deadline, self.step)
+
+    def _declare_exchange(
+        self, producer: Producer, message: OutgoingMessage, deadline: Callable[[], bool]
+    ) -> bool:
+        """Declare a domain event's exchange, as configured, once per connection."""
+        exchange = message.spec.declare_exchange
+        if exchange is None or exchange_key(exchange) in self.declared:
+            return True
+        if not may_start(deadline, self.step):
+            return False
+        channel: Any = producer.channel
+        exchange.declare(channel=channel)
+        self.declared.add(exchange_key(exchange))
+        return True
 
     def _unroutable(self, producer: Producer, message: OutgoingMessage) -> str | None:
         """On transports kombu emulates (Redis), why no queue would get the message, if so."""
@@ -385,7 +406,7 @@ class KombuPublisher:
             exchange=spec.exchange,
             routing_key=spec.routing_key,
             serializer=None if is_json else spec.serializer,
-            content_type=JSON_CONTENT_TYPE if is_json else None,
+            content_type=message.content_type if is_json else None,
             content_encoding="utf-8" if is_json else None,
             compression=spec.compression,
             headers=headers,

@@ -4,9 +4,13 @@ Celery over Redis publishes through kombu's Producer, which costs ~170 µs a mes
 messages routed the way Celery routes by default (the nameless exchange, the queue name as
 routing key, JSON, no compression), this publisher asks kombu's own Redis channel to build
 the very same envelope (prepare_message, then the in-place augmentation publish applies),
-and sends all LPUSHes of the batch in one pipeline. Anything else (and anything on versions
-relay/gates.py does not accept) goes through the KombuPublisher it wraps, so every message is
-still exactly what Celery would have sent.
+and sends all LPUSHes of the batch in one pipeline. Domain events (relay/messages.py, schema
+version 3) to a direct or topic exchange take the same path: their queues are looked up with
+kombu's own `_lookup` once per exchange and routing key in a batch (kombu looks them up for
+every message, a round trip each), and the envelope goes to each queue as kombu's exchange
+would put it there. Anything else (and anything on versions relay/gates.py does not accept)
+goes through the KombuPublisher it wraps, so every message is still exactly what Celery, or
+kombu's Producer.publish, would have sent.
 """
 
 from __future__ import annotations
@@ -20,16 +24,19 @@ from kombu.utils.json import dumps
 
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay import fastjson, gates
-from outbox_notify.relay.messages import JSON_CONTENT_TYPE, OutgoingMessage
+from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,
     KombuPublisher,
     Result,
     broker_refuses_writes,
     culprit_error,
+    entity_names,
     error_text,
+    exchange_key,
     is_break,
     may_start,
+    unroutable_error,
 )
 
 # Queue arguments that make kombu's Redis transport do more than one LPUSH per message.
@@ -55,6 +62,25 @@ def _eligible(message: OutgoingMessage, expiring: Any) -> bool:
     return not any(_special_queue(q) for q in spec.declare_json)
 
 
+# Exchange types whose kombu emulation LPUSHes to the bound queues (fanout is pub/sub).
+_ROUTED_TYPES = ("direct", "topic")
+
+
+def _routed(message: OutgoingMessage) -> bool:
+    """A domain event to a direct or topic exchange: routed by kombu's bindings, then LPUSHed."""
+    spec = message.spec
+    exchange = spec.declare_exchange
+    return (
+        exchange is not None
+        and exchange.type in _ROUTED_TYPES
+        and spec.serializer == "json"
+        and not spec.compression
+    )
+
+
+Routes = dict[tuple[str, str], list[str]]
+
+
 class RedisPipelinePublisher:
     """Publishes default-routed JSON messages with one Redis round trip per batch."""
 
@@ -63,6 +89,7 @@ class RedisPipelinePublisher:
         self.isolation = fallback.isolation
         self.declared: set[str] = set()
         self.declared_on: Any = None
+        self.to_general: list[int] = []  # routed messages kombu must send (expiring queues)
 
     def check(self) -> None:
         """Raise BrokerUnavailable unless the broker can be reached now."""
@@ -86,13 +113,14 @@ class RedisPipelinePublisher:
             self.fallback.report_fallback(problem)
             return self.fallback.publish_each(producer, messages, range(len(messages)), deadline)
         expiring = getattr(channel, "_expires", None)
-        eligible = [_eligible(m, expiring) for m in messages]
+        eligible = [_eligible(m, expiring) or _routed(m) for m in messages]
         groups = self.isolation.plan(messages)
         if not all(eligible):
             self.fallback.report_fallback("messages kombu would route or encode otherwise")
             groups = [[i for i in g if eligible[i]] for g in groups]
+        self.to_general = []
         attempts = self._pipelined(producer, channel, messages, groups, deadline)
-        slow = [i for i, ok in enumerate(eligible) if not ok]
+        slow = sorted([i for i, ok in enumerate(eligible) if not ok] + self.to_general)
         if not slow:
             return attempts
         if self.fallback.producer is None:  # the pipeline lost the connection
@@ -108,15 +136,31 @@ class RedisPipelinePublisher:
     def _declare(self, channel: Any, message: OutgoingMessage) -> None:
         if channel is not self.declared_on:
             self.declared, self.declared_on = set(), channel
+        exchange = message.spec.declare_exchange
+        if exchange is not None and exchange_key(exchange) not in self.declared:
+            exchange.declare(channel=channel)
+            self.declared.add(exchange_key(exchange))
         for queue in message.spec.declare_json:
             if queue["name"] not in self.declared:
                 for entity in message.spec.declare:
                     maybe_declare(entity, channel)
                     self.declared.add(entity.name)
 
+    def _queues(self, channel: Any, message: OutgoingMessage, routes: Routes) -> list[str]:
+        """The lists kombu would LPUSH this message onto (looked up once per batch and key)."""
+        exchange, routing_key = entity_names(message)
+        if not exchange:
+            return [routing_key]
+        queues = routes.get((exchange, routing_key))
+        if queues is None:
+            found = channel._lookup(exchange, routing_key)
+            queues = sorted(q for q in found if q and q != channel.deadletter_queue)
+            routes[(exchange, routing_key)] = queues
+        return queues
+
     def _envelope(
-        self, producer: Any, channel: Any, message: OutgoingMessage
-    ) -> tuple[str, str | bytes]:
+        self, producer: Any, channel: Any, message: OutgoingMessage, queues: list[str]
+    ) -> tuple[list[str], str | bytes]:
         spec = message.spec
         properties = dict(spec.properties)
         priority = properties.pop("priority", 0)
@@ -127,13 +171,13 @@ class RedisPipelinePublisher:
             properties["expiration"] = str(int(message.expiration * 1000))
         body = message.body.encode("utf-8")
         envelope = channel.prepare_message(
-            body, priority, JSON_CONTENT_TYPE, "utf-8", message.headers, properties
+            body, priority, message.content_type, "utf-8", message.headers, properties
         )
-        channel._inplace_augment_message(envelope, "", spec.routing_key)
-        key = channel._q_for_pri(
-            spec.routing_key, channel._get_message_priority(envelope, reverse=False)
-        )
-        return key, (fastjson.dumps(envelope) if message.plain else dumps(envelope))
+        exchange, routing_key = entity_names(message)
+        channel._inplace_augment_message(envelope, exchange, routing_key)
+        level = channel._get_message_priority(envelope, reverse=False)
+        keys = [channel._q_for_pri(queue, level) for queue in queues]
+        return keys, (fastjson.dumps(envelope) if message.plain else dumps(envelope))
 
     def _pipelined(
         self,
@@ -170,23 +214,34 @@ class RedisPipelinePublisher:
     ) -> None:
         # One LPUSH per queue key with all of its messages: the same order as one LPUSH
         # each, and a fraction of the client-side command packing.
-        keys: dict[int, str] = {}
+        keys: dict[int, list[str]] = {}
         payloads: dict[str, list[str | bytes]] = {}
+        routes: Routes = {}
+        expiring = getattr(channel, "_expires", None) or {}
         for index in group:
             message = messages[index]
             try:
                 self._declare(channel, message)
-                key, payload = self._envelope(producer, channel, message)
+                queues = self._queues(channel, message, routes)
+                if any(queue in expiring for queue in queues):
+                    self.to_general.append(index)  # kombu refreshes x-expires per publish
+                    continue
+                if not queues:
+                    attempts[index] = Attempt(
+                        Result.FAILED, unroutable_error(*entity_names(message))
+                    )
+                    continue
+                keys[index], payload = self._envelope(producer, channel, message, queues)
             except self.fallback.outage_errors:
                 raise
             except Exception as exc:
                 attempts[index] = _error_attempt(exc)
                 continue
-            payloads.setdefault(key, []).append(payload)
-            keys[index] = key
+            for key in keys[index]:
+                payloads.setdefault(key, []).append(payload)
         replies = self._send(channel, payloads)
-        for index, key in keys.items():
-            attempts[index] = replies[key]
+        for index, message_keys in keys.items():
+            attempts[index] = _combined([replies[key] for key in message_keys])
         if self.isolation.suspects:
             self.isolation.cleared([messages[i].row.id for i in keys])
 
@@ -218,6 +273,15 @@ class RedisPipelinePublisher:
                 # proto-max-bulk-len, say): the send broke it, whatever else it says.
                 raise ConnectionError(f"Redis closed the connection: {reply}")
         return {key: _reply_attempt(reply) for key, reply in zip(payloads, results, strict=True)}
+
+
+def _combined(attempts: list[Attempt]) -> Attempt:
+    """One message's attempt from the replies of each list it went to (the worst one)."""
+    for result in (Result.OUTAGE, Result.FAILED):
+        for attempt in attempts:
+            if attempt.result is result:
+                return attempt
+    return attempts[0]
 
 
 def _error_attempt(exc: BaseException) -> Attempt:

@@ -28,6 +28,7 @@ COMMANDS = {
     "outbox_purge_dead_letter": (),
     "outbox_requeue_dead_letter": ("--all",),
     "outbox_purge_inbox": (),
+    "outbox_consume": ("tests.event_consumers.consumer",),
 }
 NON_FINITE = ["nan", "inf", "-inf", "NaN", "Infinity"]
 COMMAND_TIMEOUT = 60  # seconds; each of these commands gives up at once
@@ -70,7 +71,10 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_requeue_dead_letter", "--chunk-size") in flags
     assert ("outbox_listen", "--lock-wait") in flags
     assert ("outbox_purge_inbox", "--older-than-days") in flags
-    assert len(flags) == 24  # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2
+    assert ("outbox_consume", "--outage-cooldown") in flags
+    assert (
+        len(flags) == 25
+    )  # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, consume 1
 
 
 @pytest.mark.parametrize("value", NON_FINITE)

@@ -9,11 +9,13 @@ fixtures of older versions stay, so a relay never loses the ability to publish t
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
+from kombu import Connection, Exchange, Queue
 from kombu.utils import json as kombu_json
 
 from outbox_notify.models import DeadLetter, OutboxMessage
@@ -65,8 +67,16 @@ def _embed_tasks(embed: dict[str, Any]) -> dict[str, list[str]]:
     }
 
 
+def _message_id(message: dict[str, Any]) -> str:
+    headers = message["headers"]
+    return str(headers["id"] if "id" in headers else headers["cloudEvents_id"])
+
+
 def _check(message: dict[str, Any], expect: dict[str, Any], queue: str) -> None:
-    """The published message carries what the worker must see for this row."""
+    """The published message carries what the worker (or an event's consumer) must see."""
+    if "event" in expect:
+        _check_event(message, expect)
+        return
     # Decode the body again with kombu, so tagged datetimes, UUIDs, Decimals compare as values.
     args, kwargs, embed = kombu_json.loads(json.dumps(message["body"]))
     wanted = kombu_json.loads(json.dumps(expect))
@@ -77,10 +87,29 @@ def _check(message: dict[str, Any], expect: dict[str, Any], queue: str) -> None:
     assert message["properties"]["delivery_info"]["routing_key"] == queue
 
 
+def _check_event(message: dict[str, Any], expect: dict[str, Any]) -> None:
+    """A domain event row (version 3) arrives as its CloudEvent, headers and routing key."""
+    assert message["body"] == expect["event"]
+    assert message["headers"] == expect["headers"]
+    assert message["content-type"] == "application/cloudevents+json"
+    assert message["properties"]["delivery_info"]["routing_key"] == expect["routing_key"]
+
+
+@pytest.fixture
+def event_binding(redis_url: str, redis_queue: RedisQueue) -> Iterator[None]:
+    """The test's queue bound to every key of a topic exchange named like it (event rows' route)."""
+    exchange = Exchange(redis_queue.name, type="topic", durable=True)
+    with Connection(redis_url) as conn:
+        Queue(redis_queue.name, exchange, routing_key="#")(conn.default_channel).declare()
+    yield
+    for key in redis_queue.client.keys(f"*{redis_queue.name}*"):
+        redis_queue.client.delete(key)
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1), ids=lambda v: f"v{v}")
 def test_rows_of_each_version_are_published(
-    version: int, start_relay: Any, redis_queue: RedisQueue
+    version: int, start_relay: Any, redis_queue: RedisQueue, event_binding: None
 ) -> None:
     """A sweep of the current relay publishes every frozen row of that version as its writer meant."""
     # transaction=True: the relay runs in another process and sees only committed rows.
@@ -92,6 +121,6 @@ def test_rows_of_each_version_are_published(
     wait_for(lambda: len(redis_queue.messages()) == len(rows), what="every row published")
     assert not DeadLetter.objects.exists(), list(DeadLetter.objects.values("failure_reason"))
     assert not OutboxMessage.objects.exists()
-    published = {m["headers"]["id"]: m for m in redis_queue.messages()}
+    published = {_message_id(m): m for m in redis_queue.messages()}
     for row in rows:
         _check(published[row["columns"]["task_id"]], row["expect"], redis_queue.name)

@@ -113,6 +113,7 @@ def test_counts_split_pending_rows_into_due_and_retrying(django_connection: obje
         "retrying": True,
         "dead_letter_count": True,
         "top_failing": True,
+        "events": True,
     }
 
 

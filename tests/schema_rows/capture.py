@@ -55,6 +55,7 @@ def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
             sentry_sdk.init()
 
     tagged_args = [WHEN, uuid.UUID(int=7), decimal.Decimal("1.50")]
+    event, event_headers = _event()
     return [
         ("plain", lambda: add.apply_async((2, 3), queue=QUEUE), {"args": [2, 3], "kwargs": {}}),
         (
@@ -113,7 +114,38 @@ def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
             ],
             {"args": [1, 1], "kwargs": {}},
         ),
+        (
+            # Version 3: a domain event (outbox_notify.events.publish), routed to the
+            # placeholder as a topic exchange with the event's type as routing key.
+            "event",
+            lambda: _publish(event, event_headers),
+            {"event": event.attributes(), "headers": event_headers, "routing_key": event.type},
+        ),
     ]
+
+
+def _event() -> tuple[Any, dict[str, Any]]:
+    """The event sample, and the headers it must arrive with (binding headers, then the user's)."""
+    from django.conf import settings
+
+    from outbox_notify.events.envelope import Envelope, binding_headers
+
+    event = Envelope(
+        id="7d8f4c1e-3b1a-4c55-9e0f-2a6b9d1c0e42",
+        source=settings.OUTBOX_NOTIFY_EVENT_SOURCE,
+        type="tests.order.placed",
+        time=WHEN,
+        subject="order-7",
+        data={"order": 7, "when": WHEN, "price": decimal.Decimal("1.50"), "lines": [1, 2]},
+    )
+    return event, {**binding_headers(event), "x-tenant": "acme"}
+
+
+def _publish(event: Any, headers: dict[str, Any]) -> Any:
+    from outbox_notify import events
+
+    mapping = {key: getattr(event, key) for key in ("type", "id", "time", "subject", "data")}
+    return events.publish(mapping, exchange=QUEUE, headers={"x-tenant": headers["x-tenant"]})
 
 
 def _read_row(task_id: str) -> dict[str, Any]:

@@ -67,11 +67,12 @@ class Command(BaseCommand):
 
 
 def as_json(snapshot: stats.OutboxStats, top: int) -> dict[str, Any]:
-    """The JSON document; with --top 0, top_failing is null (not computed), never []."""
+    """The JSON document; with --top 0, top_failing and events are null (not computed)."""
     data = snapshot.as_dict()
     if top == 0:
-        data["top_failing"] = None
-        data["exact"]["top_failing"] = None
+        for key in ("top_failing", "events"):
+            data[key] = None
+            data["exact"][key] = None
     return data
 
 
