@@ -249,11 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=20_000, help="events per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--brokers", default="rabbitmq,redis", help="comma-separated")
-    parser.add_argument("--quick", action="store_true", help="2,000 events, 1 round")
+    parser.add_argument("--quick", action="store_true", help="500 events, 1 round")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.events, args.rounds = 2_000, 1
+        args.events, args.rounds = 500, 1
     brokers = {"rabbitmq": Rabbit(), "redis": Redis()}
     chosen = [brokers[name.strip()] for name in args.brokers.split(",") if name.strip()]
     print("(figures from a shared machine are indicative: re-measure on a quiet one)")

@@ -48,6 +48,8 @@ REGISTRY = (
     Standalone("once", "OnceTask: what deduplication costs a worker", quick=("--quick",)),
     Standalone("held", "Held tasks: lateness, a due burst, the drain beside held rows", quick=("--quick",)),
     Standalone("long_writer", "A writer holding the wake lock: what the relays run meanwhile"),
+    Standalone("events", "Domain events: published per second through one relay", quick=("--quick",)),
+    Standalone("consume", "Domain events: consumed once per second by one consumer", quick=("--quick",)),
 )  # fmt: skip
 KEYS = tuple(entry.key for entry in REGISTRY)
 

@@ -20,8 +20,9 @@ STAMP = VENV / ".bench-installed"
 PEER_REQUIREMENT = "django-celery-outbox==0.4.3"
 REQUIREMENTS = (
     "-e",
-    f"{ROOT}[binary,redis,fast]",  # fast: orjson, as a production install would use
-    "pytest-postgresql>=6",  # devtools.pgserver starts the private PostgreSQL with it
+    # fast: orjson, as a production install would use; test: bench.long_writer runs a test of
+    # the suite (pytest-django and friends), and devtools.pgserver needs pytest-postgresql.
+    f"{ROOT}[binary,redis,fast,test]",
     PEER_REQUIREMENT,
     "matplotlib>=3.7",
     "py-spy>=0.3.14",
