@@ -54,10 +54,13 @@ def build(name: str = "tests-events") -> Consumer:
         max_attempts=MAX_ATTEMPTS,
         backoff=BACKOFF,
         max_backoff=1.0,
+        prefetch=int(_env("OUTBOX_TEST_EVENTS_PREFETCH", "16")),
     )
     consumer.handler(OrderPlaced, with_envelope=True)(on_order_placed)
     consumer.handler(CardCreated)(on_card_created)
     consumer.handler("tests.raw")(on_raw)
+    consumer.handler("tests.self_terminate")(on_self_terminate)
+    consumer.handler("tests.swallow")(on_swallow)
     return consumer
 
 
@@ -99,6 +102,30 @@ def on_order_placed(event: OrderPlaced, envelope: Envelope) -> None:
 def on_card_created(event: CardCreated) -> None:
     """Write an effect named after the card."""
     write_effect(event.card, "card")
+
+
+def on_self_terminate(envelope: Envelope) -> None:
+    """Records the run, then ends its own database session (as a pooler's query_timeout would)."""
+    from django.db import connection
+
+    record_run(envelope.id, "self_terminate")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+def on_swallow(envelope: Envelope) -> None:
+    """Writes an effect, then hits a unique violation and swallows it (a common pattern)."""
+    from django.db import IntegrityError
+
+    from tests.testapp.models import Effect
+
+    write_effect(str(envelope.data["marker"]), envelope.id)
+    try:
+        with_key = Effect.objects.first()
+        assert with_key is not None
+        Effect.objects.create(id=with_key.id, marker="clash", task_id=envelope.id, attempt=0)
+    except IntegrityError:
+        pass  # the transaction is now marked for rollback: nothing of this run may commit
 
 
 def on_raw(envelope: Envelope) -> None:

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import structlog
 from django.db import connections, transaction
 from kombu.utils import json as kombu_json
+from psycopg.pq import TransactionStatus
 
 from outbox_notify import conf, inbox, observability, signals
 from outbox_notify.events import envelope as wire
@@ -195,6 +196,7 @@ class Consumer:
             with transaction.atomic(using=alias):
                 if inbox.record(connections[alias], key, task_id=event.id, task_name=event.type):
                     _call(registration, argument, event)
+                    _require_commit(connections[alias])
                     return _result(Outcome.HANDLED, event)
         except inbox.KeyConflict as exc:
             if inbox.owner(connections[alias], key) is None:
@@ -259,12 +261,38 @@ def _argument(event: wire.Envelope, registration: Registration) -> Any:
             f"data of {event.type!r} is a JSON {type(event.data).__name__}, not an object "
             f"for {cls.__qualname__}"
         )
+    # Only the fields the class takes at construction: asdict() also gives init=False fields,
+    # and a publisher's newer class may carry fields this consumer's class does not know yet.
+    accepted = {f.name for f in dataclasses.fields(cls) if f.init}
+    data = {name: value for name, value in event.data.items() if name in accepted}
     try:
-        return cls(**event.data)
-    except TypeError as exc:
+        return cls(**data)
+    except Exception as exc:  # a missing field, or the class's own validation
         raise wire.UndecodableEvent(
-            f"data of {event.type!r} does not fit {cls.__qualname__}: {exc}"
+            f"data of {event.type!r} does not fit {cls.__qualname__}: {type(exc).__name__}: {exc}"
         ) from exc
+
+
+class HandlerRolledBack(Exception):
+    """The handler returned, but its transaction can only roll back (a caught database error)."""
+
+
+def _require_commit(connection: Any) -> None:
+    """Refuse to count a handler as done when its transaction is marked for rollback.
+
+    A handler that catches a database error (`except IntegrityError: pass`, or an error of a
+    raw cursor, which leaves the transaction aborted) or calls `transaction.set_rollback(True)`
+    returns normally, and atomic() then rolls back without raising (PostgreSQL turns the COMMIT
+    of an aborted transaction into a ROLLBACK): the event id and the effects are gone, so the
+    event must not be acknowledged.
+    """
+    raw = connection.connection
+    aborted = raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+    if connection.needs_rollback or aborted:
+        raise HandlerRolledBack(
+            "the handler returned but its transaction was marked for rollback (a database "
+            "error caught inside it, or set_rollback(True)); nothing was committed"
+        )
 
 
 def _call(registration: Registration, argument: Any, event: wire.Envelope) -> None:
@@ -287,7 +315,7 @@ def _known(body: bytes | str) -> tuple[str | None, str | None]:
     """The id and type of an undecodable body when they can still be read (for logs)."""
     try:
         parsed = kombu_json.loads(body)
-    except (ValueError, UnicodeDecodeError, TypeError):
+    except Exception:  # only for logs: whatever the body is, carry on
         return None, None
     if not isinstance(parsed, dict):
         return None, None

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import heapq
 import itertools
+import math
 import socket
 import threading
 import time
@@ -33,7 +34,7 @@ from typing import Any
 
 import kombu
 import structlog
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from kombu.message import Message
 
 from outbox_notify import conf, observability, signals
@@ -59,6 +60,9 @@ RETRY_HEADERS = (ATTEMPT, RETRY_AT, LAST_ERROR)
 MAX_REASON = 1000  # characters of a reason kept in a header
 POLL = 1.0  # seconds the loop waits for a message before it checks for a stop request
 OUTAGE_COOLDOWN = 2.0  # seconds between attempts to reach a broker or database that is down
+# runs of one message that lost their database session while the database answered, kept in
+# hand as an outage before the next one counts as the handler's failure (see deliver())
+LOST_SESSIONS_IN_HAND = 3
 LOST_SESSION = ("08", "57P", "53300")  # SQLSTATE prefixes of a session lost or refused
 
 __all__ = ["DEAD_REASON", "Runner"]
@@ -128,8 +132,14 @@ class Runner:
         channel = connection.channel()
         queue = declare(self.consumer, channel)
         session = _Session(self, channel)
-        with kombu.Consumer(channel, queues=[queue], on_message=session.received) as receiver:
-            receiver.qos(prefetch_count=self.consumer.prefetch)
+        # prefetch_count given here is sent before basic.consume: RabbitMQ applies a
+        # per-consumer basic.qos only to consumers that start after it.
+        with kombu.Consumer(
+            channel,
+            queues=[queue],
+            on_message=session.received,
+            prefetch_count=self.consumer.prefetch,
+        ):
             while not self.stopping:
                 if not session.step():
                     _drain(connection, session.wait_seconds())
@@ -189,18 +199,31 @@ class _Session:
         return True
 
     def deliver(self, message: Message) -> None:
-        """Process one due message until its outcome is final, then acknowledge it."""
+        """Process one due message until its outcome is final, then acknowledge it.
+
+        A run that lost its database session is an outage, kept in hand without spending an
+        attempt, while the database does not answer. When it answers and this message's runs
+        keep losing their session (a handler over a pooler's query_timeout, a watchdog that
+        terminates it), the loss is the handler's: after LOST_SESSIONS_IN_HAND such runs the
+        failure counts as an attempt, so the message retries and ends dead-lettered instead
+        of holding the consumer forever.
+        """
+        lost_while_up = 0
         while True:
             result = self.consumer.process(message.body or b"")
             if result.outcome is not Outcome.FAILED or not _database_down(result.error):
                 break
+            if _database_answers():
+                lost_while_up += 1
+                if lost_while_up >= LOST_SESSIONS_IN_HAND:
+                    break
             log.warning("outbox.consumer_database_unavailable", error=result.reason)
             if self.runner._stop.wait(self.runner.outage_cooldown):
                 return  # stopping: unacknowledged, the broker delivers it again
         self.settle(message, result)
 
     def settle(self, message: Message, result: Result) -> None:
-        attempt = int(_number(_headers(message).get(ATTEMPT), 1))
+        attempt = max(1, int(_number(_headers(message).get(ATTEMPT), 1)))
         if result.outcome is Outcome.FAILED and attempt < self.consumer.max_attempts:
             self.retry(message, result, attempt)
         elif result.outcome is Outcome.FAILED:
@@ -310,9 +333,10 @@ def _number(value: Any, default: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         return default
     try:
-        return float(value)
-    except ValueError:
+        number = float(value)
+    except (ValueError, OverflowError):
         return default
+    return number if math.isfinite(number) else default
 
 
 def _clip(text: str) -> str:
@@ -322,6 +346,18 @@ def _clip(text: str) -> str:
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _database_answers() -> bool:
+    """Whether a fresh connection to the outbox database works right now."""
+    connection = connections[conf.database_alias()]
+    with contextlib.suppress(DatabaseError, InterfaceError):
+        connection.close()
+    try:
+        connection.ensure_connection()
+        return bool(connection.is_usable())
+    except (DatabaseError, InterfaceError):
+        return False
 
 
 def _database_down(error: BaseException | None) -> bool:

@@ -121,8 +121,12 @@ def _parse_time(value: Any) -> datetime:
 def _object(body: bytes | str) -> Mapping[str, Any]:
     try:
         parsed = kombu_json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UndecodableEvent(f"body is not JSON: {exc}") from exc
+    except Exception as exc:  # any body a publisher sends must be refusable
+        # Besides bad JSON: kombu's typed objects with bad values ({"__type__": "decimal",
+        # "__value__": "x"} raises InvalidOperation), nesting deep enough for RecursionError.
+        raise UndecodableEvent(
+            f"body is not JSON kombu can decode: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(parsed, dict):
         raise UndecodableEvent(f"body is a JSON {type(parsed).__name__}, not an object")
     return parsed

@@ -135,16 +135,25 @@ def event_row(
         "exchange": exchange_to_json(_exchange(exchange)),
         "routing_key": _name(key, "routing key"),
     }
-    row = OutboxRow(
-        task_id=envelope.id,
-        task_name=envelope.type,
-        args=dumps(data, f"the data of event {envelope.type!r}"),
-        kwargs=dumps(attributes, f"the attributes of event {envelope.type!r}"),
-        options=dumps(options, f"the headers of event {envelope.type!r}"),
-        context=_context(),
-        schema_version=EVENT_VERSION,
-    )
-    limits.check_message_size(row.task_name, row.args, row.kwargs, row.options, kind="event")
+    try:
+        row = OutboxRow(
+            task_id=envelope.id,
+            task_name=envelope.type,
+            args=dumps(data, f"the data of event {envelope.type!r}"),
+            kwargs=dumps(attributes, f"the attributes of event {envelope.type!r}"),
+            options=dumps(
+                options, f"the exchange, routing key or headers of event {envelope.type!r}"
+            ),
+            context=_context(),
+            schema_version=EVENT_VERSION,
+        )
+        limits.check_message_size(row.task_name, row.args, row.kwargs, row.options, kind="event")
+    except EventError:
+        raise
+    except SerializationError as exc:
+        # One error class for everything wrong with an event (docs/events.md): EventError is
+        # a SerializationError and a ValueError, so every documented `except` catches it.
+        raise EventError(str(exc)) from exc
     return row
 
 

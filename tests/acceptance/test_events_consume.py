@@ -26,6 +26,7 @@ from outbox_notify.events.delivery import (
     DEAD_CONSUMER,
     DEAD_KIND,
     DEAD_REASON,
+    LOST_SESSIONS_IN_HAND,
     ORIGINAL_EXCHANGE,
     ORIGINAL_ROUTING_KEY,
 )
@@ -73,8 +74,11 @@ class Setup:
         self.consumer = _consumer(names)
 
     def start(self) -> RelayProcess:
+        return self.start_with()
+
+    def start_with(self, *flags: str) -> RelayProcess:
         log_path = self.tmp_path / f"consume-{len(self.processes)}.log"
-        process = RelayProcess("outbox_consume", [CONSUMER], self.env, log_path)
+        process = RelayProcess("outbox_consume", [CONSUMER, *flags], self.env, log_path)
         self.processes.append(process)
         return process
 
@@ -315,6 +319,51 @@ def test_a_lost_database_connection_spends_no_attempt(broker_url: str, make_setu
     assert len(runs(setup.record, envelope.id)) == 1
     assert "outbox.consumer_database_unavailable" in setup.logs()
     assert "outbox.event_retry_scheduled" not in setup.logs()
+
+
+def test_a_handler_that_keeps_losing_its_session_is_dead_lettered_not_held_forever(
+    broker_url: str, make_setup: Any
+) -> None:
+    """The database answers, the handler's own session dies each run: attempts are spent."""
+    setup = make_setup(broker_url)
+    setup.start_with("--outage-cooldown", "0.1")
+    envelope = wire.Envelope(
+        id="self-terminate", source="/tests", type="tests.self_terminate",
+        time=envelope_for(OrderPlaced(order_id=0, marker="t")).time, data={},
+    )  # fmt: skip
+    publish_event(broker_url, setup.consumer.exchange, envelope)
+    [dead] = wait_for(
+        lambda: dead_letters(broker_url, setup.consumer),
+        timeout=DEADLINE,
+        what="a dead letter",
+        context=setup.logs,
+    )
+    assert dead.headers[DEAD_KIND] == "handler-failed"
+    assert dead.headers[DEAD_ATTEMPTS] == event_consumers.MAX_ATTEMPTS
+    runs_made = len(runs(setup.record, envelope.id))
+    assert runs_made == event_consumers.MAX_ATTEMPTS * LOST_SESSIONS_IN_HAND, setup.logs()
+
+
+def test_prefetch_limits_what_the_broker_hands_over(amqp_url: str, make_setup: Any) -> None:
+    """RabbitMQ: with prefetch 2 and the first handler busy, the rest stays ready in the queue."""
+    setup = make_setup(amqp_url, {"OUTBOX_TEST_EVENTS_PREFETCH": "2"})
+    setup.start()
+    slow = setup.publish(OrderPlaced(order_id=1, marker="slow", sleep=10.0))
+    for n in range(10):
+        setup.publish(OrderPlaced(order_id=n + 2, marker=f"later-{n}"))
+    wait_for(
+        lambda: runs(setup.record, slow.id),
+        timeout=DEADLINE,
+        what="the slow run",
+        context=setup.logs,
+    )
+    # The slow one is in hand, one more is prefetched: 9 of 11 must still be ready.
+    assert wait_for(
+        lambda: queued(amqp_url, setup.consumer.queue) == 9,
+        timeout=DEADLINE,
+        what="9 ready messages",
+        context=setup.logs,
+    )
 
 
 def _command(env: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:

@@ -14,6 +14,7 @@ from django.test import override_settings
 from kombu import Exchange
 
 from outbox_notify import events
+from outbox_notify.events import EventError
 from outbox_notify.exceptions import ConfigurationError, SerializationError
 from outbox_notify.models import OutboxMessage
 from outbox_notify.serialization import EVENT_VERSION
@@ -90,20 +91,27 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_event_raises_at_the_call_and_the_transaction_goes_on(case: str) -> None:
-    """Each bad event raises SerializationError naming the problem; nothing is written and the
-    caller's transaction can still commit other work."""
+    """Each bad event raises EventError (a SerializationError and a ValueError, as documented)
+    naming the problem; nothing is written and the caller's transaction can still commit."""
     call, says = BAD[case]
     with transaction.atomic():
-        with pytest.raises(SerializationError, match=says):
+        with pytest.raises(EventError, match=says):
             call()
         events.publish(Shipped(2), exchange="orders")  # the transaction is still usable
     assert list(OutboxMessage.objects.values_list("schema_version", flat=True)) == [EVENT_VERSION]
 
 
+def test_event_error_is_what_the_docs_promise() -> None:
+    """EventError is a SerializationError (so a TypeError) and a ValueError."""
+    assert issubclass(EventError, SerializationError)
+    assert issubclass(EventError, TypeError)
+    assert issubclass(EventError, ValueError)
+
+
 @override_settings(OUTBOX_NOTIFY_MAX_MESSAGE_BYTES=1000)
 def test_event_over_the_size_limit_fails_at_the_call() -> None:
     """The message size limit of tasks applies to events, and the error names the event."""
-    with pytest.raises(SerializationError, match=r"event 'big' is .* over the limit"):
+    with pytest.raises(EventError, match=r"event 'big' is .* over the limit"):
         events.publish({"type": "big", "data": "x" * 2000}, exchange="x")
     assert not OutboxMessage.objects.exists()
 

@@ -114,8 +114,11 @@ UNDECODABLE = [
     (wire.encode(raw_envelope("tests.unknown", {})), "has no handler for event type"),
     (
         wire.encode(raw_envelope(event_type_of(OrderPlaced), {"order_id": 1, "colour": "red"})),
-        "does not fit OrderPlaced: OrderPlaced.__init__() got an unexpected keyword",
+        "does not fit OrderPlaced: TypeError: OrderPlaced.__init__() missing 1 required",
     ),
+    (b'{"amount": {"__type__": "decimal", "__value__": "abc"}}', "body is not JSON"),
+    (b'{"ref": {"__type__": "uuid", "__value__": "x"}}', "body is not JSON"),
+    (b"[" * 5000, "body is not JSON"),
     (
         wire.encode(raw_envelope(event_type_of(OrderPlaced), [1, 2])),
         "is a JSON list, not an object for OrderPlaced",
@@ -199,3 +202,65 @@ def test_two_concurrent_deliveries_one_runs_the_other_waits_then_skips(record_fi
     assert outcomes == {"first": Outcome.HANDLED, "second": Outcome.SKIPPED}
     assert len(runs(record_file, "ev-race")) == 1
     assert markers() == ["race"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Validated:
+    """An event class that validates its data, as many do."""
+
+    event_type = "tests.validated"
+    amount: int
+
+    def __post_init__(self) -> None:
+        if self.amount < 0:
+            raise ValueError("amount must not be negative")
+
+
+@dataclasses.dataclass
+class WithDerived:
+    """An event class with a field computed at construction (asdict() carries it too)."""
+
+    event_type = "tests.derived"
+    marker: str
+    upper: str = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.upper = self.marker.upper()
+
+
+def _handled_markers() -> Consumer:
+    consumer = Consumer("typed", exchange="tests-typed")
+    consumer.handler(Validated)(lambda event: event_consumers.write_effect(str(event.amount), "v"))
+    consumer.handler(WithDerived)(lambda event: event_consumers.write_effect(event.upper, "d"))
+    return consumer
+
+
+def test_a_class_that_refuses_the_data_makes_the_event_undecodable_not_a_crash() -> None:
+    """__post_init__ raising ValueError is the data's fault: UNDECODABLE, with the reason."""
+    result = _handled_markers().process(
+        wire.encode(raw_envelope("tests.validated", {"amount": -1}))
+    )
+    assert result.outcome is Outcome.UNDECODABLE
+    assert "ValueError: amount must not be negative" in (result.reason or "")
+    assert markers() == []
+
+
+def test_fields_the_class_does_not_take_are_ignored() -> None:
+    """init=False fields (asdict() includes them) and fields a newer publisher added are dropped."""
+    published = dataclasses.asdict(WithDerived(marker="x"))
+    assert published == {"marker": "x", "upper": "X"}
+    published["added_later"] = 1
+    result = _handled_markers().process(wire.encode(raw_envelope("tests.derived", published)))
+    assert result.outcome is Outcome.HANDLED, result.reason
+    assert markers() == ["X"]
+
+
+def test_a_handler_that_swallows_a_database_error_is_failed_and_commits_nothing() -> None:
+    """atomic() would roll back silently: the run is FAILED, no effect, no inbox record."""
+    event_consumers.write_effect("existing", "e")
+    consumer = event_consumers.build("swallow")
+    result = consumer.process(wire.encode(raw_envelope("tests.swallow", {"marker": "s"})))
+    assert result.outcome is Outcome.FAILED
+    assert "marked for rollback" in (result.reason or "")
+    assert markers() == ["existing"]
+    assert not InboxRecord.objects.exists()

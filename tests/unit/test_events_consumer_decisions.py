@@ -53,3 +53,9 @@ def test_a_type_without_a_handler_is_undecodable_without_touching_the_database()
     result = Consumer("unit", exchange="x").process(body)
     assert result.outcome is Outcome.UNDECODABLE
     assert result.reason == "consumer 'unit' has no handler for event type 'nobody.Handles'"
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", float("inf"), "1e999"])
+def test_a_header_number_that_is_not_finite_is_the_default(value: object) -> None:
+    """x-outbox-attempt: "inf" must not crash settle() (int(inf) raises)."""
+    assert _number(value, 1.0) == 1.0
