@@ -43,7 +43,9 @@ from outbox_notify.relay import amqp_properties, gates
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,
+    Done,
     KombuPublisher,
+    Pending,
     Result,
     culprit_error,
     entity_names,
@@ -80,8 +82,12 @@ class _Batch:
 
     def settle(self, tag: int, multiple: bool, nacked: bool) -> None:
         position = tag - self.first_tag
-        if position < 0 or position >= len(self.sent):
-            return  # a tag of an earlier, abandoned group
+        if position < 0:
+            return  # a tag of an earlier group
+        if position >= len(self.sent):
+            if not multiple:
+                return  # a tag of a later group
+            position = len(self.sent) - 1  # "all up to a later tag": all of this group
         for pos in range(self.low, position + 1) if multiple else (position,):
             if self.results[pos] is None:
                 self.results[pos] = self._result(pos, nacked)
@@ -96,7 +102,16 @@ class _Batch:
             return Attempt(Result.FAILED, self.returned[position])
         return Attempt(Result.PUBLISHED)
 
-    def on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
+    def close_open(self, attempt: Attempt) -> list[int]:
+        """Give every unsettled message this attempt; return their positions."""
+        positions = [pos for pos, r in enumerate(self.results) if r is None]
+        for pos in positions:
+            self.results[pos] = attempt
+        self.open = 0
+        return positions
+
+    def on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> bool:
+        """Mark a message the broker returned (no queue took it); False if it is not ours."""
         body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
         task_id = (message.properties.get("application_headers") or {}).get("id")
         for pos in range(self.low, len(self.sent)):
@@ -107,7 +122,8 @@ class _Batch:
                 continue
             if (sent.properties.get("application_headers") or {}).get("id") == task_id:
                 self.returned[pos] = unroutable_error(exchange, routing_key, exc)
-                return
+                return True
+        return False
 
 
 class _Frames:
@@ -141,14 +157,21 @@ class _Session:
     writer: Any  # py-amqp's frame writer, writing into `frames`
     next_tag: int = 1
     blocked: str | None = None
-    batch: _Batch | None = None
+    batches: list[_Batch] = dataclasses.field(default_factory=list)  # in flight, oldest first
     exchanges: set[str] = dataclasses.field(default_factory=lambda: {""})
     declared: set[str] = dataclasses.field(default_factory=set)
     publish_args: dict[tuple[str, str], bytes] = dataclasses.field(default_factory=dict)
 
 
 class AmqpConfirmPublisher:
-    """Publishes each batch pipelined on one confirm-mode channel (see the module docstring)."""
+    """Publishes each batch pipelined on one confirm-mode channel (see the module docstring).
+
+    start() writes a batch and returns before its confirms: the relay claims and writes the
+    next batch while RabbitMQ stores this one (two in flight at most, each settled by its own
+    delivery tags).
+    """
+
+    overlapping = True
 
     def __init__(self, general: KombuPublisher) -> None:
         self.general = general
@@ -224,12 +247,15 @@ class AmqpConfirmPublisher:
         log.warning("outbox.broker_blocked" if reason else "outbox.broker_unblocked", reason=reason)
 
     def _settle(self, tag: int, multiple: bool, nacked: bool) -> None:
-        if self.session is not None and self.session.batch is not None:
-            self.session.batch.settle(tag, multiple, nacked)
+        if self.session is not None:
+            for batch in self.session.batches:
+                batch.settle(tag, multiple, nacked)
 
     def _returned(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
-        if self.session is not None and self.session.batch is not None:
-            self.session.batch.on_return(exc, exchange, routing_key, message)
+        if self.session is not None:
+            for batch in self.session.batches:
+                if batch.on_return(exc, exchange, routing_key, message):
+                    return
 
     def _poll(self, session: _Session) -> None:
         """Handle what the broker sent meanwhile (blocked, unblocked, late confirms, a close)."""
@@ -244,25 +270,56 @@ class AmqpConfirmPublisher:
         self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
     ) -> list[Attempt]:
         """Publish a batch; every message's attempt comes from its own confirm."""
-        try:
-            session = self._ready(reconnect=self.general.producer is None)
-        except BrokerUnavailable as exc:
-            return [Attempt(Result.OUTAGE, str(exc))] * len(messages)
-        producer = self.general.producer
-        if session is None or producer is None:
-            if producer is None:
-                return [Attempt(Result.OUTAGE, "the broker cannot be reached")] * len(messages)
-            return self.general.publish_each(producer, messages, range(len(messages)), deadline)
-        if session.blocked is not None:
-            blocked = f"RabbitMQ blocks publishing: {session.blocked}"
-            return [Attempt(Result.OUTAGE, blocked)] * len(messages)
+        return self.start(messages, deadline).wait()
+
+    def start(self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Pending:
+        """Write a batch; its confirms are awaited by the returned Pending's wait().
+
+        Only the usual case, one group, is left in flight; a batch the isolation splits into
+        groups (suspects of a broken connection) is published whole here, group by group.
+        """
+        opened = self._open(messages, deadline)
+        if isinstance(opened, Done):
+            return opened
+        session, producer = opened
         try:
             attempts, ready = self._prepare(session, producer, messages, deadline)
         except self.general.outage_errors as exc:
             self.abandon()
-            return [Attempt(Result.OUTAGE, error_text(exc))] * len(messages)
-        self._send_groups(session, messages, ready, deadline, attempts)
-        return attempts
+            return Done([Attempt(Result.OUTAGE, error_text(exc))] * len(messages))
+        groups = [group for group in self._groups(messages, ready) if group]
+        if len(groups) == 1:
+            if not may_start(deadline, self.general.step):
+                return Done(attempts)
+            return self._start_group(session, messages, groups[0], attempts)
+        self._send_groups(session, messages, groups, deadline, attempts)
+        return Done(attempts)
+
+    def _open(
+        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+    ) -> tuple[_Session, Producer] | Done:
+        """The session to write the batch on, or the batch's outcome without one."""
+        try:
+            session = self._ready(reconnect=self.general.producer is None)
+        except BrokerUnavailable as exc:
+            return Done([Attempt(Result.OUTAGE, str(exc))] * len(messages))
+        producer = self.general.producer
+        if producer is None:
+            return Done([Attempt(Result.OUTAGE, "the broker cannot be reached")] * len(messages))
+        if session is None:
+            return Done(
+                self.general.publish_each(producer, messages, range(len(messages)), deadline)
+            )
+        if session.blocked is not None:
+            blocked = f"RabbitMQ blocks publishing: {session.blocked}"
+            return Done([Attempt(Result.OUTAGE, blocked)] * len(messages))
+        return session, producer
+
+    def _groups(self, messages: Sequence[OutgoingMessage], ready: set[int]) -> list[list[int]]:
+        groups = self.isolation.plan(messages)
+        if len(ready) != len(messages):
+            groups = [[i for i in group if i in ready] for group in groups]
+        return groups
 
     def _prepare(
         self,
@@ -356,16 +413,11 @@ class AmqpConfirmPublisher:
         self,
         session: _Session,
         messages: Sequence[OutgoingMessage],
-        ready: set[int],
+        groups: list[list[int]],
         deadline: Callable[[], bool],
         attempts: list[Attempt],
     ) -> None:
-        groups = self.isolation.plan(messages)
-        if len(ready) != len(messages):
-            groups = [[i for i in group if i in ready] for group in groups]
         for number, group in enumerate(groups):
-            if not group:
-                continue
             if not may_start(deadline, self.general.step):
                 break
             if not self._send_group(session, messages, group, attempts):
@@ -386,20 +438,58 @@ class AmqpConfirmPublisher:
         attempts: list[Attempt],
     ) -> bool:
         """Write a group and await its confirms; False when the connection is gone."""
+        self._start_group(session, messages, group, attempts).wait()
+        return self.session is session and session.blocked is None
+
+    def _start_group(
+        self,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        group: list[int],
+        attempts: list[Attempt],
+    ) -> _InFlight:
+        """Write a group; the returned batch awaits its confirms when asked."""
         started = time.monotonic()
         write_end = started + self.send_timeout
-        end = started + self.general.step
         batch = _Batch(first_tag=session.next_tag, sent=[], results=[])
-        session.batch = batch
+        session.batches.append(batch)
+        in_flight = _InFlight(
+            owner=self,
+            session=session,
+            messages=messages,
+            batch=batch,
+            attempts=attempts,
+            end=started + self.general.step,
+        )
         try:
             self._write(session, messages, group, batch, write_end)
-            self._await(session, batch, end)
+        except ChannelError as exc:
+            self._channel_lost(session, messages, batch, exc)
+        except self.general.outage_errors as exc:
+            self._connection_lost(messages, batch, exc)
+        return in_flight
+
+    def _finish_group(
+        self,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        batch: _Batch,
+        attempts: list[Attempt],
+        end: float,
+    ) -> None:
+        """Await a written group's confirms until `end`; fill in its messages' attempts."""
+        try:
+            if batch.open and self.session is not session:
+                # Abandoned meanwhile (another group's timeout or broken connection).
+                batch.close_open(Attempt(Result.OUTAGE, "the broker connection was lost"))
+            elif batch.open:
+                self._await(session, batch, end)
         except ChannelError as exc:
             self._channel_lost(session, messages, batch, exc)
         except self.general.outage_errors as exc:
             self._connection_lost(messages, batch, exc)
         finally:
-            session.batch = None
+            _forget(session, batch)
         for (index, *_), result in zip(batch.sent, batch.results, strict=True):
             attempts[index] = result or Attempt(Result.SKIPPED)
         for index, refused in batch.refused.items():
@@ -412,7 +502,6 @@ class AmqpConfirmPublisher:
                     if attempts[i].result is Result.PUBLISHED
                 ]
             )
-        return self.session is session and session.blocked is None
 
     def _write(
         self,
@@ -491,18 +580,13 @@ class AmqpConfirmPublisher:
             why += f" (RabbitMQ blocks publishing: {session.blocked})"
         else:
             self.abandon()  # frozen or too slow: reconnect (before the next claim)
-        for pos, result in enumerate(batch.results):
-            if result is None:
-                batch.results[pos] = Attempt(Result.OUTAGE, why)
+        batch.close_open(Attempt(Result.OUTAGE, why))
 
     def _connection_lost(
         self, messages: Sequence[OutgoingMessage], batch: _Batch, exc: BaseException
     ) -> None:
-        self.abandon()
-        open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
-        outage = Attempt(Result.OUTAGE, error_text(exc))
-        for pos in open_positions:
-            batch.results[pos] = outage
+        self.abandon()  # a group still in flight on it finds it gone: an outage
+        open_positions = batch.close_open(Attempt(Result.OUTAGE, error_text(exc)))
         ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
         if ids and is_break(exc) and self.isolation.broke(ids):
             batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
@@ -524,9 +608,10 @@ class AmqpConfirmPublisher:
             session.next_tag = 1
         except Exception:
             self.abandon()
-        open_positions = [pos for pos, r in enumerate(batch.results) if r is None]
-        for pos in open_positions:
-            batch.results[pos] = Attempt(Result.SKIPPED)
+        for other in session.batches:
+            if other is not batch:  # its tags died with the channel too
+                other.close_open(Attempt(Result.SKIPPED))
+        open_positions = batch.close_open(Attempt(Result.SKIPPED))
         ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
         if ids and self.isolation.broke(ids):
             batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
@@ -538,3 +623,42 @@ class AmqpConfirmPublisher:
         channel.events["basic_nack"].add(lambda tag, multiple: self._settle(tag, multiple, True))
         channel.events["basic_return"].add(self._returned)
         return channel
+
+
+def _forget(session: _Session, batch: _Batch) -> None:
+    with contextlib.suppress(ValueError):
+        session.batches.remove(batch)
+
+
+class _InFlight:
+    """A group written on the confirm channel; wait() awaits its confirms (a Pending)."""
+
+    def __init__(
+        self,
+        *,
+        owner: AmqpConfirmPublisher,
+        session: _Session,
+        messages: Sequence[OutgoingMessage],
+        batch: _Batch,
+        attempts: list[Attempt],
+        end: float,
+    ) -> None:
+        self.owner = owner
+        self.session = session
+        self.messages = messages
+        self.batch = batch
+        self.attempts = attempts
+        self.end = end  # monotonic: when its confirms must have come
+        self.done = False
+
+    def wait(self) -> list[Attempt]:
+        if not self.done:
+            self.done = True
+            self.owner._finish_group(
+                self.session, self.messages, self.batch, self.attempts, self.end
+            )
+        return self.attempts
+
+    def cancel(self) -> None:
+        self.done = True
+        _forget(self.session, self.batch)

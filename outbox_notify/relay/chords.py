@@ -25,10 +25,13 @@ from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     OUTAGE_ERRORS,
     Attempt,
+    Pending,
     Publisher,
     Result,
     broker_refuses_writes,
     error_text,
+    overlaps,
+    start,
 )
 
 log = structlog.get_logger("outbox_notify")
@@ -56,10 +59,19 @@ class ChordPublisher:
         self.app = app
         self.made: dict[str, None] = {}  # ids of calls made, oldest first
 
+    @property
+    def overlapping(self) -> bool:
+        """Whether the wrapped publisher can have two batches in flight."""
+        return overlaps(self.inner)
+
     def publish(
         self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
     ) -> list[Attempt]:
         """Make the calls of the messages that carry some, then publish the ready ones."""
+        return self.start(messages, deadline).wait()
+
+    def start(self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Pending:
+        """Make the calls of the messages that carry some, then start the ready ones."""
         held: dict[int, Attempt] = {}
         for index, message in enumerate(messages):
             if message.spec.backend_calls:
@@ -67,10 +79,9 @@ class ChordPublisher:
                 if failure is not None:
                     held[index] = failure
         if not held:
-            return self.inner.publish(messages, deadline)
+            return start(self.inner, messages, deadline)
         ready = [m for i, m in enumerate(messages) if i not in held]
-        published = iter(self.inner.publish(ready, deadline) if ready else [])
-        return [held[i] if i in held else next(published) for i in range(len(messages))]
+        return _Merged(held, len(messages), start(self.inner, ready, deadline) if ready else None)
 
     def check(self) -> None:
         """The wrapped publisher's check (the result backend is needed by chords only)."""
@@ -105,3 +116,20 @@ class ChordPublisher:
         self.made[call_id] = None
         if len(self.made) > REMEMBERED_CALLS:
             del self.made[next(iter(self.made))]
+
+
+class _Merged:
+    """The attempts of the messages held back, merged with the wrapped batch's."""
+
+    def __init__(self, held: dict[int, Attempt], count: int, inner: Pending | None) -> None:
+        self.held = held
+        self.count = count
+        self.inner = inner
+
+    def wait(self) -> list[Attempt]:
+        published = iter(self.inner.wait() if self.inner is not None else [])
+        return [self.held[i] if i in self.held else next(published) for i in range(self.count)]
+
+    def cancel(self) -> None:
+        if self.inner is not None:
+            self.inner.cancel()

@@ -1,7 +1,10 @@
 """The relay loop: drain, sleep until woken, repeat. Orchestration only.
 
 drain:  claim a batch (row locks in an open transaction), publish it, finalise it in
-        one round trip and commit; repeat until a batch comes back short.
+        one round trip and commit; repeat until a batch comes back short. With a publisher
+        that can have two batches in flight (RabbitMQ's confirms) and a second claim
+        connection, the next batch is claimed and written while the broker confirms the
+        previous one (see drain_overlapped).
 sleep:  take the wake lock (writers notify from now on), peek once more for work that
         committed before the lock, then block on LISTEN until a notification, the next
         retry's due time, the sweep timer, or a signal.
@@ -16,9 +19,11 @@ Publisher, Metrics, Reporter) from the settings.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import select
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,7 +42,7 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
-from outbox_notify.relay.publisher import PublishDeadline, Publisher
+from outbox_notify.relay.publisher import Pending, PublishDeadline, Publisher, overlaps, start
 from outbox_notify.relay.reporting import (
     BatchReport,
     LogReporter,
@@ -46,9 +51,23 @@ from outbox_notify.relay.reporting import (
     Reporters,
     lag,
 )
-from outbox_notify.relay.store import ClaimedRow, Peek, Store
+from outbox_notify.relay.store import ClaimedRow, OpenClaim, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
+
+
+@dataclasses.dataclass(eq=False)
+class _InFlight:
+    """A claimed batch written to the broker, its outcome still to come (drain_overlapped)."""
+
+    claiming: contextlib.AbstractContextManager[OpenClaim]
+    claim: OpenClaim
+    ready: list[messages.OutgoingMessage]
+    undecodable: list[tuple[ClaimedRow, str]]
+    pending: Pending
+    started: float
+    claim_end: float  # monotonic: when its last broker step must have ended
+    full: bool  # the claim came back full: there is probably more to claim
 
 
 class Relay:
@@ -74,9 +93,13 @@ class Relay:
         clock: Clock | None = None,
         metrics: Metrics | None = None,
         reporters: Sequence[Reporter] = (),
+        spare_store: Store | None = None,
     ) -> None:
         self.config = config
         self.store = store
+        # A second claim connection, used only to claim the next batch while the previous one
+        # awaits its confirms (a publisher that overlaps batches): see drain_overlapped.
+        self.spare_store = spare_store
         self.listener = listener
         self.publisher = publisher
         self.clock = clock or SystemClock()
@@ -138,6 +161,8 @@ class Relay:
         if self.connected:
             return
         self.store.connect()
+        if self.spare_store is not None:
+            self.spare_store.connect()
         if self.listener is not None and not self.config.poll_only:
             self.listener.connect()
             if self.listener.probe(self.store.send_probe):
@@ -161,6 +186,8 @@ class Relay:
         if self.listener is not None:
             self.listener.close()
         self.store.close()
+        if self.spare_store is not None:
+            self.spare_store.close()
         self.connected = False
 
     # -- one cycle -----------------------------------------------------------------------
@@ -202,6 +229,8 @@ class Relay:
         `self.drained` tells how many rows this drain claimed.
         """
         self.drained = 0
+        if self.spare_store is not None and overlaps(self.publisher):
+            return self.drain_overlapped(self.spare_store)
         while not self.stopping:
             self.touch_liveness()
             self.sample_gauges()
@@ -212,6 +241,92 @@ class Relay:
             if claimed < self.config.batch_size:
                 return True
         return True
+
+    def drain_overlapped(self, spare: Store) -> bool:
+        """drain() with two batches in flight: claim and write the next batch on the other
+        claim connection while the broker confirms the previous one, then finalise that.
+
+        The next batch's broker steps must end before the previous claim's budget ends too,
+        so waiting for them never makes the previous claim outlive --stale-timeout. Batches
+        commit in the order they were claimed.
+        """
+        stores = (self.store, spare)
+        turn = 0
+        previous: _InFlight | None = None
+        current: _InFlight | None = None
+        try:
+            while True:
+                current, unreachable = None, None
+                if not self.stopping and (previous is None or previous.full):
+                    self.touch_liveness()
+                    self.sample_gauges()
+                    try:
+                        self.publisher.check()  # connect before claiming
+                    except BrokerUnavailable as exc:
+                        unreachable = str(exc)
+                    else:
+                        before = None if previous is None else previous.claim_end
+                        current = self.begin_batch(stores[turn], before)
+                        turn ^= 1
+                outage = False
+                if previous is not None:
+                    done, previous = previous, None
+                    claimed, outage = self.end_batch(done)
+                    self.drained += claimed
+                if outage and current is not None:
+                    done, current = current, None
+                    self.drained += self.end_batch(done)[0]
+                if unreachable is not None and not outage:
+                    self._record_outage(0, unreachable)
+                if outage or unreachable is not None:
+                    return False
+                if current is None:
+                    return True
+                previous = current
+        except BaseException:
+            for left in (previous, current):
+                if left is not None:
+                    left.pending.cancel()
+                    with contextlib.suppress(Exception):
+                        left.claiming.__exit__(*sys.exc_info())
+            raise
+
+    def begin_batch(self, store: Store, before: float | None) -> _InFlight | None:
+        """Claim a batch and start publishing it; None when nothing was claimable."""
+        started = self.clock.monotonic()
+        claiming = store.claim(self.config.batch_size)
+        claim = claiming.__enter__()
+        try:
+            if not claim.rows:
+                claiming.__exit__(None, None, None)
+                return None
+            ready, undecodable = self.prepare(claim.rows)
+            claim_end = started + self.config.publish_budget
+            deadline = self.deadline(claim_end if before is None else min(claim_end, before))
+            pending = start(self.publisher, ready, deadline)
+        except BaseException:
+            if not claiming.__exit__(*sys.exc_info()):
+                raise
+            raise  # pragma: no cover - a claim never swallows an exception
+        full = len(claim.rows) >= self.config.batch_size
+        return _InFlight(claiming, claim, ready, undecodable, pending, started, claim_end, full)
+
+    def end_batch(self, batch: _InFlight) -> tuple[int, bool]:
+        """Await a started batch's outcome, finalise and commit it; (rows, broker outage?)."""
+        try:
+            attempts = batch.pending.wait()
+            decided = self.policy.decide(
+                list(zip((m.row for m in batch.ready), attempts, strict=True)), batch.undecodable
+            )
+            batch.claim.finish(decided.outcome)
+        except BaseException:
+            if not batch.claiming.__exit__(*sys.exc_info()):
+                raise
+            raise  # pragma: no cover - a claim never swallows an exception
+        batch.claiming.__exit__(None, None, None)
+        claimed = len(batch.claim.rows)
+        self.after_commit(decided, claimed, self.clock.monotonic() - batch.started)
+        return claimed, decided.outages > 0
 
     def sleep_until_work(self) -> None:
         """Block until something may be claimable (see the module docstring).
@@ -332,6 +447,17 @@ class Relay:
 
     def publish(self, rows: list[ClaimedRow], started: float) -> Decided:
         """Prepare and publish rows; decide each row's outcome."""
+        ready, undecodable = self.prepare(rows)
+        deadline = self.deadline(started + self.config.publish_budget)
+        attempts = self.publisher.publish(ready, deadline) if ready else []
+        return self.policy.decide(
+            list(zip((m.row for m in ready), attempts, strict=True)), undecodable
+        )
+
+    def prepare(
+        self, rows: list[ClaimedRow]
+    ) -> tuple[list[messages.OutgoingMessage], list[tuple[ClaimedRow, str]]]:
+        """The rows' messages, and the rows that cannot become one (with the reason)."""
         now = dt.datetime.now(dt.UTC)
         ready: list[messages.OutgoingMessage] = []
         undecodable: list[tuple[ClaimedRow, str]] = []
@@ -340,18 +466,16 @@ class Relay:
                 ready.append(messages.prepare(row, now))
             except UndecodableMessage as exc:
                 undecodable.append((row, str(exc)))
+        return ready, undecodable
+
+    def deadline(self, claim_end: float) -> PublishDeadline:
+        """When broker steps may no longer start: `claim_end`, or a stop's grace period."""
 
         def stop_end() -> float | None:
             stop = self.stop_requested_at
             return None if stop is None else stop + self.config.shutdown_timeout
 
-        deadline = PublishDeadline(
-            clock=self.clock, claim_end=started + self.config.publish_budget, stop_end=stop_end
-        )
-        attempts = self.publisher.publish(ready, deadline) if ready else []
-        return self.policy.decide(
-            list(zip((m.row for m in ready), attempts, strict=True)), undecodable
-        )
+        return PublishDeadline(clock=self.clock, claim_end=claim_end, stop_end=stop_end)
 
     def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
         """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed."""

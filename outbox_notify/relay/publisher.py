@@ -68,6 +68,49 @@ class Publisher(Protocol):
     def close(self) -> None: ...
 
 
+class Pending(Protocol):
+    """A batch written to the broker whose outcome is not known yet (see start())."""
+
+    def wait(self) -> list[Attempt]:
+        """The batch's attempts, once its confirms came in or its deadline passed."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop tracking the batch (its claim is being rolled back): nothing is awaited."""
+        ...
+
+
+@dataclasses.dataclass(eq=False)
+class Done:
+    """A Pending whose outcome was known when it was started."""
+
+    attempts: list[Attempt]
+
+    def wait(self) -> list[Attempt]:
+        return self.attempts
+
+    def cancel(self) -> None:
+        return None
+
+
+def overlaps(publisher: Publisher) -> bool:
+    """Whether the publisher can have a second batch in flight while the first awaits its
+    confirms (the RabbitMQ fast path): then the relay claims the next batch meanwhile."""
+    return bool(getattr(publisher, "overlapping", False))
+
+
+def start(
+    publisher: Publisher, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+) -> Pending:
+    """Write a batch and return without awaiting its outcome, where the publisher can; else
+    publish it whole and return the outcome."""
+    starter = getattr(publisher, "start", None)
+    if starter is not None:
+        pending: Pending = starter(messages, deadline)
+        return pending
+    return Done(publisher.publish(messages, deadline))
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PublishDeadline:
     """Whether a broker step may start: it must be able to end before the claim's budget ends,

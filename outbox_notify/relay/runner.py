@@ -20,6 +20,7 @@ from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.publisher import overlaps
 from outbox_notify.relay.reporting import Reporter
 from outbox_notify.relay.sent_events import SentEventPublisher
 from outbox_notify.relay.store import ClaimStore
@@ -56,13 +57,16 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
             wake_fd=wake_fd,
             stale_timeout=config.stale_timeout,
         )
+    broker = publisher_for(app, send_timeout=config.send_timeout)
+    # A publisher with two batches in flight (RabbitMQ) claims the next one on a second claim
+    # connection while the broker confirms the previous one.
+    spare = ClaimStore(params, stale_timeout=config.stale_timeout) if overlaps(broker) else None
     return Relay(
         config,
         store=ClaimStore(params, stale_timeout=config.stale_timeout),
+        spare_store=spare,
         listener=listener,
-        publisher=ChordPublisher(
-            SentEventPublisher(publisher_for(app, send_timeout=config.send_timeout), app), app
-        ),
+        publisher=ChordPublisher(SentEventPublisher(broker, app), app),
         metrics=metrics.from_settings(),
         reporters=reporters(),
     )

@@ -20,7 +20,15 @@ from typing import Any
 import structlog
 
 from outbox_notify.relay.messages import OutgoingMessage
-from outbox_notify.relay.publisher import Attempt, Publisher, Result, error_text
+from outbox_notify.relay.publisher import (
+    Attempt,
+    Pending,
+    Publisher,
+    Result,
+    error_text,
+    overlaps,
+    start,
+)
 
 log = structlog.get_logger("outbox_notify")
 
@@ -36,11 +44,23 @@ class SentEventPublisher:
         self.connection: Any = None
         self.dispatcher: Any = None
 
+    @property
+    def overlapping(self) -> bool:
+        """Whether the wrapped publisher can have two batches in flight."""
+        return overlaps(self.inner)
+
     def publish(
         self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
     ) -> list[Attempt]:
         """Publish through the wrapped publisher, then the events of what went out."""
-        attempts = self.inner.publish(messages, deadline)
+        return self.start(messages, deadline).wait()
+
+    def start(self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Pending:
+        """Start the wrapped publisher's batch; its events go out once its outcome is known."""
+        return _EventsAfter(self, messages, start(self.inner, messages, deadline))
+
+    def sent(self, messages: Sequence[OutgoingMessage], attempts: list[Attempt]) -> None:
+        """Send the `task-sent` events of the messages that went out."""
         sent = [
             m.spec.sent_event
             for m, a in zip(messages, attempts, strict=False)
@@ -48,7 +68,6 @@ class SentEventPublisher:
         ]
         if sent:
             self._send_events(sent)
-        return attempts
 
     def check(self) -> None:
         """The wrapped publisher's check."""
@@ -81,3 +100,22 @@ class SentEventPublisher:
             if self.connection is not None:
                 self.connection.release()
         self.dispatcher = self.connection = None
+
+
+class _EventsAfter:
+    """A wrapped Pending whose wait() also sends the events of what went out."""
+
+    def __init__(
+        self, owner: SentEventPublisher, messages: Sequence[OutgoingMessage], inner: Pending
+    ) -> None:
+        self.owner = owner
+        self.messages = messages
+        self.inner = inner
+
+    def wait(self) -> list[Attempt]:
+        attempts = self.inner.wait()
+        self.owner.sent(self.messages, attempts)
+        return attempts
+
+    def cancel(self) -> None:
+        self.inner.cancel()

@@ -21,6 +21,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.rabbitmq]
 # transaction=True: the relay is another process and sees only committed rows.
 
 QUICK = ["--sweep-interval", "0.5", "--broker-outage-cooldown", "0.5", "--backoff-time", "0.2"]
+# Batches of 4: every fault finds two batches in flight (one awaiting its confirms while the
+# next is claimed and written), the relay's usual state under load on RabbitMQ.
+SMALL = ["--batch-size", "4"]
 
 
 class RabbitQueue:
@@ -80,7 +83,7 @@ def test_memory_alarm_spends_no_retry_and_everything_arrives_after(
     """A memory alarm blocks publishers: with --send-timeout 1 --max-retries 2 nothing dies."""
     queue = RabbitQueue(private_rabbit.url(), queue_name)
     queue.declare()
-    relay = start_relay("--send-timeout", "1", "--max-retries", "2", *QUICK, env=rabbit_env)
+    relay = start_relay("--send-timeout", "1", "--max-retries", "2", *QUICK, *SMALL, env=rabbit_env)
     ready(relay)
     before = enqueue(queue_name, count=5)
     wait_for(lambda: queue.has_all(before), what="publishes before the alarm", context=relay.output)
@@ -110,7 +113,7 @@ def test_queue_at_its_length_limit_rejecting_publishes_is_an_outage(
     # the tasks go through a named exchange bound to it (Celery declares another queue).
     queue.declare(**{"x-max-length": 3, "x-overflow": "reject-publish"})
     _bind(private_rabbit.url(), queue_name)
-    relay = start_relay("--max-retries", "1", *QUICK, env=rabbit_env)
+    relay = start_relay("--max-retries", "1", *QUICK, *SMALL, env=rabbit_env)
     ready(relay)
     exchange = Exchange(f"{queue_name}-x", type="direct", no_declare=True)
     ids = enqueue(f"{queue_name}-other", count=8, exchange=exchange, routing_key="work")
@@ -159,7 +162,7 @@ def test_broker_stopped_and_started_spends_no_retry(
     """RabbitMQ down: the breaker opens, rows keep their retries; back up: they are published."""
     queue = RabbitQueue(private_rabbit.url(), queue_name)
     queue.declare()
-    relay = start_relay("--max-retries", "1", *QUICK, env=rabbit_env)
+    relay = start_relay("--max-retries", "1", *QUICK, *SMALL, env=rabbit_env)
     ready(relay)
     private_rabbit.stop()
     ids = enqueue(queue_name, count=20)
@@ -183,7 +186,7 @@ def test_unroutable_and_missing_exchange_fail_only_their_message(
     queue = RabbitQueue(private_rabbit.url(), queue_name)
     queue.declare()
     _bind(private_rabbit.url(), queue_name)
-    relay = start_relay("--max-retries", "1", *QUICK, env=rabbit_env)
+    relay = start_relay("--max-retries", "1", *QUICK, *SMALL, env=rabbit_env)
     ready(relay)
     bound = Exchange(f"{queue_name}-x", type="direct", no_declare=True)
     missing = Exchange(f"{queue_name}-missing", type="direct", no_declare=True)
@@ -206,7 +209,7 @@ def test_frozen_broker_is_an_outage_and_everything_arrives_after(
     """RabbitMQ SIGSTOPped: confirms time out as outages, nothing dies, all arrive on SIGCONT."""
     queue = RabbitQueue(private_rabbit.url(), queue_name)
     queue.declare()
-    relay = start_relay("--send-timeout", "1", "--max-retries", "1", *QUICK, env=rabbit_env)
+    relay = start_relay("--send-timeout", "1", "--max-retries", "1", *QUICK, *SMALL, env=rabbit_env)
     ready(relay)
     private_rabbit.freeze()
     try:

@@ -1,0 +1,154 @@
+"""Two batches in flight on RabbitMQ: the next batch is claimed and written while the previous
+one awaits its publisher confirms (real broker, real PostgreSQL, real relay)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import amqp
+import celery
+import pytest
+from django.db import connection, transaction
+from kombu import Exchange
+
+from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.relay import messages
+from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
+from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
+from outbox_notify.relay.publisher import KombuPublisher, Result
+from tests.celery_app import add
+from tests.integration.test_fast_path import claimed
+from tests.integration.test_relay import FAST, ready
+from tests.relay_support import wait_for
+
+pytestmark = pytest.mark.rabbitmq
+
+
+@pytest.fixture
+def broker(amqp_url: str) -> Iterator[amqp.Channel]:
+    """A raw py-amqp channel on the shared RabbitMQ, to set up and read queues."""
+    host = amqp_url.split("@", 1)[1].rstrip("/")
+    conn = amqp.Connection(host, userid="guest", password="guest")
+    conn.connect()
+    try:
+        yield conn.channel()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def fast(amqp_url: str) -> Iterator[AmqpConfirmPublisher]:
+    app = celery.Celery("amqp-overlap", broker=amqp_url, set_as_current=False)
+    publisher = AmqpConfirmPublisher(KombuPublisher(app, send_timeout=5))
+    try:
+        yield publisher
+    finally:
+        publisher.close()
+
+
+def _ids(broker: amqp.Channel, queue: str) -> list[str]:
+    ids = []
+    while (message := broker.basic_get(queue, no_ack=True)) is not None:
+        ids.append(message.properties["application_headers"]["id"])
+    return ids
+
+
+def test_two_batches_in_flight_are_each_settled_by_their_own_confirms(
+    broker: amqp.Channel, fast: AmqpConfirmPublisher, queue_name: str
+) -> None:
+    """The second batch is written before the first's confirms are read; a message of the
+    second that no queue takes (basic.return) fails alone, everything else is confirmed."""
+    exchange = f"{queue_name}-x"
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    broker.exchange_declare(exchange, "direct", durable=True, auto_delete=False)
+    now = dt.datetime.now(dt.UTC)
+    first = [messages.prepare(claimed(queue_name), now) for _ in range(300)]
+    second = [messages.prepare(claimed(queue_name), now) for _ in range(300)]
+    nowhere = claimed(
+        queue_name, exchange=Exchange(exchange, type="direct", no_declare=True), routing_key="no"
+    )
+    second[150] = messages.prepare(nowhere, now)
+    try:
+        pending_first = fast.start(first, lambda: False)
+        pending_second = fast.start(second, lambda: False)
+        assert fast.session is not None
+        assert len(fast.session.batches) == 2  # both written, neither awaited yet
+        first_attempts = pending_first.wait()
+        second_attempts = pending_second.wait()
+        assert fast.session.batches == []
+        assert [a.result for a in first_attempts] == [Result.PUBLISHED] * 300
+        results = [a.result for a in second_attempts]
+        assert results[150] is Result.FAILED
+        assert "unroutable" in (second_attempts[150].error or "")
+        assert results[:150] + results[151:] == [Result.PUBLISHED] * 299
+        arrived = Counter(_ids(broker, queue_name))
+        sent = [m.row.task_id for m in first + second if m is not second[150]]
+        assert arrived == Counter(sent)
+    finally:
+        broker.queue_delete(queue_name)
+        broker.exchange_delete(exchange)
+
+
+def test_a_cancelled_batch_is_no_longer_tracked_and_the_next_one_settles(
+    broker: amqp.Channel, fast: AmqpConfirmPublisher, queue_name: str
+) -> None:
+    """A batch whose claim is rolled back (a database failure) stops being awaited; the
+    confirms of its messages do not leak into the next batch's outcome."""
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    now = dt.datetime.now(dt.UTC)
+    try:
+        abandoned = fast.start(
+            [messages.prepare(claimed(queue_name), now) for _ in range(50)], lambda: False
+        )
+        abandoned.cancel()
+        assert fast.session is not None
+        assert fast.session.batches == []
+        attempts = fast.publish(
+            [messages.prepare(claimed(queue_name), now) for _ in range(50)], lambda: False
+        )
+        assert [a.result for a in attempts] == [Result.PUBLISHED] * 50
+    finally:
+        broker.queue_delete(queue_name)
+
+
+@pytest.mark.django_db(transaction=True)  # the relay is another process: committed rows only
+def test_relay_drains_many_batches_with_two_claims_once_each(
+    broker: amqp.Channel,
+    start_relay: Any,
+    relay_env: dict[str, Any],
+    amqp_url: str,
+    queue_name: str,
+) -> None:
+    """A relay on RabbitMQ holds two claim connections; 235 tasks in batches of 10 arrive
+    exactly once each, nothing is left in the outbox and nothing is dead-lettered."""
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    relay = start_relay(
+        "--batch-size", "10", *FAST, env=dict(relay_env, OUTBOX_TEST_BROKER_URL=amqp_url)
+    )
+    try:
+        ready(relay)
+        with transaction.atomic():
+            ids = [add.apply_async((n, n), queue=queue_name).id for n in range(235)]
+        arrived: list[str] = []
+
+        def all_arrived() -> bool:
+            arrived.extend(_ids(broker, queue_name))
+            return len(arrived) >= len(ids)
+
+        wait_for(all_arrived, what="every task", context=relay.output)
+        wait_for(lambda: not OutboxMessage.objects.exists(), what="the rows deleted")
+        arrived.extend(_ids(broker, queue_name))
+        assert Counter(arrived) == Counter(ids)
+        assert not DeadLetter.objects.exists()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = %s AND datname = current_database()",
+                [CLAIM_APPLICATION_NAME],
+            )
+            assert cursor.fetchone() == (2,)
+    finally:
+        broker.queue_delete(queue_name)

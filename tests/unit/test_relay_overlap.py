@@ -1,0 +1,280 @@
+"""The overlapped drain: the next batch is claimed and written while the previous one awaits
+its confirms (a publisher with `start()`, RabbitMQ's), on a second claim connection.
+
+Two FakeStores share one table here the way two PostgreSQL sessions do: a claim skips the
+rows the other connection's open claim holds (FOR UPDATE SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.messages import OutgoingMessage
+from outbox_notify.relay.publisher import Attempt, PublishDeadline, Result
+from outbox_notify.relay.store import ClaimedRow, Outcome
+from tests.unit.fakes import FakeClaim, FakeClock, row
+
+
+class Table:
+    """The outbox rows both claim connections see, and what happened to them, in order."""
+
+    def __init__(self, count: int) -> None:
+        self.rows = [row(n) for n in range(1, count + 1)]
+        self.held: dict[str, set[int]] = {}
+        self.log: list[str] = []
+        self.fail_finish_of: int | None = None  # the claim number whose finish breaks
+
+
+class SharedStore:
+    """One claim connection on the shared table."""
+
+    def __init__(self, table: Table, name: str) -> None:
+        self.table = table
+        self.name = name
+        self.claims = 0
+
+    def connect(self) -> None: ...
+    def close(self) -> None: ...
+
+    @contextlib.contextmanager
+    def claim(self, limit: int) -> Iterator[FakeClaim]:
+        table = self.table
+        others = set().union(*(ids for name, ids in table.held.items() if name != self.name))
+        rows = [r for r in table.rows if r.id not in others][:limit]
+        table.held[self.name] = {r.id for r in rows}
+        number = sum(1 for line in table.log if line.startswith("claim ")) + 1
+        table.log.append(f"claim {self.name} {[r.id for r in rows]}")
+        claim = _Claim(self, rows, number)
+        try:
+            yield claim
+        except BaseException:
+            table.log.append(f"rollback {self.name}")
+            raise
+        finally:
+            table.held[self.name] = set()
+        if claim.outcome is not None:
+            gone = set(claim.outcome.published) | {d.id for d in claim.outcome.dead}
+            table.rows = [r for r in table.rows if r.id not in gone]
+            table.log.append(f"commit {self.name} {sorted(claim.outcome.published)}")
+        elif rows:
+            table.log.append(f"release {self.name}")
+
+    def peek(self) -> Any: ...
+    def queue_gauges(self) -> Any: ...
+    def send_probe(self, payload: str) -> None: ...
+
+
+class _Claim(FakeClaim):
+    def __init__(self, store: SharedStore, rows: list[ClaimedRow], number: int) -> None:
+        super().__init__(rows)
+        self.store = store
+        self.number = number
+
+    def finish(self, outcome: Outcome) -> None:
+        if self.store.table.fail_finish_of == self.number:
+            raise DatabaseUnavailable("the claim connection broke")
+        super().finish(outcome)
+
+
+class OverlappingPublisher:
+    """Writes on start(), answers on wait(); logs both, and the deadlines it was given."""
+
+    overlapping = True
+
+    def __init__(self, table: Table, answer: Callable[[OutgoingMessage], Attempt]) -> None:
+        self.table = table
+        self.answer = answer
+        self.deadlines: list[PublishDeadline] = []
+        self.cancelled = 0
+        self.check_error: str | None = None
+
+    def publish(
+        self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
+    ) -> list[Attempt]:
+        return self.start(messages, deadline).wait()
+
+    def start(self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Any:
+        assert isinstance(deadline, PublishDeadline)
+        self.deadlines.append(deadline)
+        ids = [m.row.id for m in messages]
+        self.table.log.append(f"write {ids}")
+        publisher = self
+
+        class Pending:
+            def wait(self) -> list[Attempt]:
+                publisher.table.log.append(f"confirms {ids}")
+                return [publisher.answer(m) for m in messages]
+
+            def cancel(self) -> None:
+                publisher.cancelled += 1
+
+        return Pending()
+
+    def check(self) -> None:
+        if self.check_error is not None:
+            raise BrokerUnavailable(self.check_error)
+
+    def close(self) -> None: ...
+
+
+def overlapped(table: Table, publisher: OverlappingPublisher, **config: Any) -> Relay:
+    return Relay(
+        RelayConfig(**{"batch_size": 2, **config}),
+        store=SharedStore(table, "a"),
+        spare_store=SharedStore(table, "b"),
+        listener=None,
+        publisher=publisher,
+        clock=FakeClock(),
+    )
+
+
+def published() -> Callable[[OutgoingMessage], Attempt]:
+    return lambda m: Attempt(Result.PUBLISHED)
+
+
+def test_the_next_batch_is_claimed_and_written_before_the_previous_one_is_finalised() -> None:
+    """Claims alternate between the two connections, never hold the same rows, and commit in
+    the order they were claimed; each batch's write precedes the previous batch's confirms."""
+    table = Table(5)
+    relay = overlapped(table, OverlappingPublisher(table, published()))
+    assert relay.drain() is True
+    assert relay.drained == 5
+    assert table.rows == []
+    assert table.log == [
+        "claim a [1, 2]",
+        "write [1, 2]",
+        "claim b [3, 4]",
+        "write [3, 4]",
+        "confirms [1, 2]",
+        "commit a [1, 2]",
+        "claim a [5]",
+        "write [5]",
+        "confirms [3, 4]",
+        "commit b [3, 4]",
+        "confirms [5]",
+        "commit a [5]",
+    ]
+
+
+def test_a_short_batch_ends_the_drain_without_claiming_again() -> None:
+    """As in the plain drain: a batch that came back short means the table is drained."""
+    table = Table(1)
+    relay = overlapped(table, OverlappingPublisher(table, published()))
+    assert relay.drain() is True
+    assert table.log == ["claim a [1]", "write [1]", "confirms [1]", "commit a [1]"]
+
+
+def test_the_next_batch_must_end_its_broker_steps_within_the_previous_claims_budget() -> None:
+    """Waiting for the second batch must not make the first claim outlive --stale-timeout."""
+    table = Table(4)
+    publisher = OverlappingPublisher(table, published())
+    relay = overlapped(table, publisher, stale_timeout=30.0)
+    clock = relay.clock
+    assert isinstance(clock, FakeClock)
+    first_claim = clock.now
+    original = publisher.start
+
+    def later(messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Any:
+        pending = original(messages, deadline)
+        clock.now += 5.0  # the second claim begins 5 s after the first
+        return pending
+
+    publisher.start = later  # type: ignore[method-assign]
+    relay.drain()
+    first, second = publisher.deadlines[:2]
+    assert first.claim_end == pytest.approx(first_claim + 27.0)
+    # Its own budget would end at first_claim + 5 + 27; the first claim's ends sooner.
+    assert second.claim_end == pytest.approx(first_claim + 27.0)
+
+
+def test_an_outage_ends_the_drain_and_still_finalises_the_batch_in_flight() -> None:
+    """Both batches' rows are released with their retries unspent; nothing is claimed after."""
+    table = Table(6)
+    publisher = OverlappingPublisher(table, lambda m: Attempt(Result.OUTAGE, "blocked"))
+    relay = overlapped(table, publisher)
+    assert relay.drain() is False
+    assert [line for line in table.log if line.startswith("claim")] == [
+        "claim a [1, 2]",
+        "claim b [3, 4]",
+    ]
+    assert table.log[-2:] == ["confirms [3, 4]", "commit b []"]  # nothing published
+    assert len(table.rows) == 6
+    assert relay.breaker.failures == 2
+
+
+def test_a_broker_check_that_fails_with_a_batch_in_flight_finalises_it_first() -> None:
+    """The batch already written is awaited and committed; then the outage is recorded."""
+    table = Table(4)
+    publisher = OverlappingPublisher(table, published())
+    relay = overlapped(table, publisher)
+    original = publisher.start
+
+    def then_unreachable(messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Any:
+        publisher.check_error = "connection refused"
+        return original(messages, deadline)
+
+    publisher.start = then_unreachable  # type: ignore[method-assign]
+    assert relay.drain() is False
+    assert table.log == ["claim a [1, 2]", "write [1, 2]", "confirms [1, 2]", "commit a [1, 2]"]
+    assert relay.breaker.failures == 1
+
+
+def test_a_database_failure_rolls_back_the_claim_in_flight_and_forgets_its_confirms() -> None:
+    """Finalising the first batch breaks: the second claim is rolled back (its rows stay in
+    the table for a later drain) and its confirms are no longer awaited."""
+    table = Table(4)
+    table.fail_finish_of = 1
+    publisher = OverlappingPublisher(table, published())
+    relay = overlapped(table, publisher)
+    with pytest.raises(DatabaseUnavailable):
+        relay.drain()
+    assert table.log[-2:] == ["rollback a", "rollback b"]
+    assert publisher.cancelled == 1
+    assert len(table.rows) == 4
+    assert table.held == {"a": set(), "b": set()}
+
+
+def test_a_stop_requested_meanwhile_claims_nothing_more() -> None:
+    """After a stop, the batch in flight is finalised and no further claim is made."""
+    table = Table(6)
+    publisher = OverlappingPublisher(table, published())
+    relay = overlapped(table, publisher)
+    original = publisher.start
+
+    def stop_after_first(messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]) -> Any:
+        relay.request_stop()
+        return original(messages, deadline)
+
+    publisher.start = stop_after_first  # type: ignore[method-assign]
+    relay.drain()
+    assert table.log == ["claim a [1, 2]", "write [1, 2]", "confirms [1, 2]", "commit a [1, 2]"]
+
+
+def test_without_a_second_connection_the_drain_stays_one_batch_at_a_time() -> None:
+    """A relay built without a spare store (Redis, kombu) awaits each batch before the next."""
+    table = Table(3)
+    relay = Relay(
+        RelayConfig(batch_size=2),
+        store=SharedStore(table, "a"),
+        listener=None,
+        publisher=OverlappingPublisher(table, published()),
+        clock=FakeClock(),
+    )
+    relay.drain()
+    assert table.log == [
+        "claim a [1, 2]",
+        "write [1, 2]",
+        "confirms [1, 2]",
+        "commit a [1, 2]",
+        "claim a [3]",
+        "write [3]",
+        "confirms [3]",
+        "commit a [3]",
+    ]
