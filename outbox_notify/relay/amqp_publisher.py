@@ -75,10 +75,12 @@ class _Batch:
     first_tag: int
     sent: list[tuple[int, str, str, Any]]  # (message index, exchange, routing key, message)
     results: list[Attempt | None]
+    messages: Sequence[OutgoingMessage] = ()  # what the message indexes point into
     returned: dict[int, str] = dataclasses.field(default_factory=dict)
     refused: dict[int, Attempt] = dataclasses.field(default_factory=dict)  # never written
     low: int = 0  # first position not settled yet
     open: int = 0  # positions not settled yet
+    end: float = 0.0  # monotonic: when its confirms must have come
 
     def settle(self, tag: int, multiple: bool, nacked: bool) -> None:
         position = tag - self.first_tag
@@ -182,6 +184,17 @@ class AmqpConfirmPublisher:
 
     # -- connection ----------------------------------------------------------------------
 
+    def can_overlap(self) -> bool:
+        """Whether another batch may be started now without connecting: the fast path's
+        connection is up and the broker does not block publishing."""
+        session = self.session
+        return (
+            session is not None
+            and session.blocked is None
+            and self.session_of is not None
+            and self.general.producer is self.session_of
+        )
+
     def check(self) -> None:
         """Connect, read what the broker announced, and refuse while it blocks publishers."""
         session = self._ready()
@@ -208,6 +221,10 @@ class AmqpConfirmPublisher:
             session = self._session(self.general.connect())
             if session is None:
                 return None
+            if session.batches:
+                # Groups in flight: only awaiting the oldest one reads the connection, so that
+                # a close or a break is seen by the code that knows which messages it hits.
+                return session
             try:
                 self._poll(session)
                 session.raw.heartbeat_tick()
@@ -282,6 +299,14 @@ class AmqpConfirmPublisher:
         if isinstance(opened, Done):
             return opened
         session, producer = opened
+        if session.batches and any(self._undeclared(session, m) for m in messages):
+            # A declaration reads the connection: await the groups in flight first.
+            for batch in list(session.batches):
+                self._settle_group(session, batch, batch.end)
+            if self.session is not session:
+                return Done(
+                    [Attempt(Result.OUTAGE, "the broker connection was lost")] * len(messages)
+                )
         try:
             attempts, ready = self._prepare(session, producer, messages, deadline)
         except self.general.outage_errors as exc:
@@ -345,6 +370,17 @@ class AmqpConfirmPublisher:
             except Exception as exc:
                 attempts[index] = Attempt(Result.FAILED, error_text(exc))
         return attempts, ready
+
+    @staticmethod
+    def _undeclared(session: _Session, message: OutgoingMessage) -> bool:
+        """Whether sending the message needs a declaration or an exchange check first."""
+        spec = message.spec
+        declared = spec.declare_exchange
+        if declared is not None and exchange_key(declared) not in session.declared:
+            return True
+        if spec.declare_json and not all(q["name"] in session.declared for q in spec.declare_json):
+            return True
+        return entity_names(message)[0] not in session.exchanges
 
     def _entities(
         self,
@@ -451,7 +487,8 @@ class AmqpConfirmPublisher:
         """Write a group; the returned batch awaits its confirms when asked."""
         started = time.monotonic()
         write_end = started + self.send_timeout
-        batch = _Batch(first_tag=session.next_tag, sent=[], results=[])
+        batch = _Batch(first_tag=session.next_tag, sent=[], results=[], messages=messages)
+        batch.end = started + self.general.step
         session.batches.append(batch)
         in_flight = _InFlight(
             owner=self,
@@ -459,14 +496,14 @@ class AmqpConfirmPublisher:
             messages=messages,
             batch=batch,
             attempts=attempts,
-            end=started + self.general.step,
+            end=batch.end,
         )
         try:
             self._write(session, messages, group, batch, write_end)
         except ChannelError as exc:
-            self._channel_lost(session, messages, batch, exc)
+            self._channel_lost(session, exc)
         except self.general.outage_errors as exc:
-            self._connection_lost(messages, batch, exc)
+            self._connection_lost(session, exc)
         return in_flight
 
     def _finish_group(
@@ -479,15 +516,7 @@ class AmqpConfirmPublisher:
     ) -> None:
         """Await a written group's confirms until `end`; fill in its messages' attempts."""
         try:
-            if batch.open and self.session is not session:
-                # Abandoned meanwhile (another group's timeout or broken connection).
-                batch.close_open(Attempt(Result.OUTAGE, "the broker connection was lost"))
-            elif batch.open:
-                self._await(session, batch, end)
-        except ChannelError as exc:
-            self._channel_lost(session, messages, batch, exc)
-        except self.general.outage_errors as exc:
-            self._connection_lost(messages, batch, exc)
+            self._settle_group(session, batch, end)
         finally:
             _forget(session, batch)
         for (index, *_), result in zip(batch.sent, batch.results, strict=True):
@@ -502,6 +531,19 @@ class AmqpConfirmPublisher:
                     if attempts[i].result is Result.PUBLISHED
                 ]
             )
+
+    def _settle_group(self, session: _Session, batch: _Batch, end: float) -> None:
+        """Read confirms until the group is settled or `end` passes (a loss settles it too)."""
+        try:
+            if batch.open and self.session is not session:
+                # Abandoned meanwhile (another group's timeout).
+                batch.close_open(Attempt(Result.OUTAGE, "the broker connection was lost"))
+            elif batch.open:
+                self._await(session, batch, end)
+        except ChannelError as exc:
+            self._channel_lost(session, exc)
+        except self.general.outage_errors as exc:
+            self._connection_lost(session, exc)
 
     def _write(
         self,
@@ -582,39 +624,32 @@ class AmqpConfirmPublisher:
             self.abandon()  # frozen or too slow: reconnect (before the next claim)
         batch.close_open(Attempt(Result.OUTAGE, why))
 
-    def _connection_lost(
-        self, messages: Sequence[OutgoingMessage], batch: _Batch, exc: BaseException
-    ) -> None:
-        self.abandon()  # a group still in flight on it finds it gone: an outage
-        open_positions = batch.close_open(Attempt(Result.OUTAGE, error_text(exc)))
-        ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
+    def _connection_lost(self, session: _Session, exc: BaseException) -> None:
+        # Every group in flight on it shares the loss: any of their unsettled messages may
+        # have caused a break, so all of them become suspects together.
+        self.abandon()
+        lost = _close_all(session, Attempt(Result.OUTAGE, error_text(exc)))
+        ids = [batch.messages[batch.sent[pos][0]].row.id for batch, pos in lost]
         if ids and is_break(exc) and self.isolation.broke(ids):
-            batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
+            batch, pos = lost[0]
+            batch.results[pos] = Attempt(Result.FAILED, culprit_error(exc))
 
-    def _channel_lost(
-        self,
-        session: _Session,
-        messages: Sequence[OutgoingMessage],
-        batch: _Batch,
-        exc: BaseException,
-    ) -> None:
+    def _channel_lost(self, session: _Session, exc: BaseException) -> None:
         # The broker closed the confirm channel for something one message did (an exchange
-        # deleted since it was checked, a message over its size limit): the rest of the group
-        # on that channel was discarded. Nothing is an outage; the unsettled messages are
-        # released, and become suspects so a culprit that keeps doing it is found.
+        # deleted since it was checked, a message over its size limit): the rest of every
+        # group on that channel was discarded. Nothing is an outage; the unsettled messages
+        # are released, and become suspects so a culprit that keeps doing it is found.
         session.exchanges = {""}
         try:
             session.channel.confirm_select()  # py-amqp reopened it, out of confirm mode
             session.next_tag = 1
         except Exception:
             self.abandon()
-        for other in session.batches:
-            if other is not batch:  # its tags died with the channel too
-                other.close_open(Attempt(Result.SKIPPED))
-        open_positions = batch.close_open(Attempt(Result.SKIPPED))
-        ids = [messages[batch.sent[pos][0]].row.id for pos in open_positions]
+        lost = _close_all(session, Attempt(Result.SKIPPED))
+        ids = [batch.messages[batch.sent[pos][0]].row.id for batch, pos in lost]
         if ids and self.isolation.broke(ids):
-            batch.results[open_positions[0]] = Attempt(Result.FAILED, culprit_error(exc))
+            batch, pos = lost[0]
+            batch.results[pos] = Attempt(Result.FAILED, culprit_error(exc))
 
     def _confirm_channel(self, raw: Any) -> Any:
         channel = raw.channel()
@@ -623,6 +658,11 @@ class AmqpConfirmPublisher:
         channel.events["basic_nack"].add(lambda tag, multiple: self._settle(tag, multiple, True))
         channel.events["basic_return"].add(self._returned)
         return channel
+
+
+def _close_all(session: _Session, attempt: Attempt) -> list[tuple[_Batch, int]]:
+    """Give the unsettled messages of every group in flight this attempt; list them."""
+    return [(batch, pos) for batch in session.batches for pos in batch.close_open(attempt)]
 
 
 def _forget(session: _Session, batch: _Batch) -> None:

@@ -29,6 +29,7 @@ from outbox_notify.relay.publisher import (
     Publisher,
     Result,
     broker_refuses_writes,
+    can_overlap,
     error_text,
     overlaps,
     start,
@@ -63,6 +64,10 @@ class ChordPublisher:
     def overlapping(self) -> bool:
         """Whether the wrapped publisher can have two batches in flight."""
         return overlaps(self.inner)
+
+    def can_overlap(self) -> bool:
+        """Whether the wrapped publisher can start another batch without connecting."""
+        return can_overlap(self.inner)
 
     def publish(
         self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]

@@ -42,7 +42,14 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
-from outbox_notify.relay.publisher import Pending, PublishDeadline, Publisher, overlaps, start
+from outbox_notify.relay.publisher import (
+    Pending,
+    PublishDeadline,
+    Publisher,
+    can_overlap,
+    overlaps,
+    start,
+)
 from outbox_notify.relay.reporting import (
     BatchReport,
     LogReporter,
@@ -64,10 +71,16 @@ class _InFlight:
     claim: OpenClaim
     ready: list[messages.OutgoingMessage]
     undecodable: list[tuple[ClaimedRow, str]]
-    pending: Pending
     started: float
     claim_end: float  # monotonic: when its last broker step must have ended
     full: bool  # the claim came back full: there is probably more to claim
+    pending: Pending | None = None  # set once its publishing started
+
+    @property
+    def backend_calls(self) -> bool:
+        """Whether publishing it makes result-backend calls first (chords): they have no
+        deadline of their own, so they never run while another claim waits."""
+        return any(m.spec.backend_calls for m in self.ready)
 
 
 class Relay:
@@ -210,13 +223,16 @@ class Relay:
             return
         self.sleep_until_work()
 
-    def sample_gauges(self) -> None:
-        """Send queue depth and oldest age to metrics now and then (never when metrics are off)."""
+    def sample_gauges(self, store: Store | None = None) -> None:
+        """Send queue depth and oldest age to metrics now and then (never when metrics are off).
+
+        `store`: a claim connection with no claim open (the main one by default).
+        """
         if isinstance(self.metrics, NullMetrics) or self.clock.monotonic() < self.next_gauges:
             return
         self.next_gauges = self.clock.monotonic() + self.GAUGE_INTERVAL
         try:
-            gauges = self.store.queue_gauges()
+            gauges = (store or self.store).queue_gauges()
         except GaugeUnavailable as exc:
             # The connection is fine: report it and try again next interval, nothing more.
             log.warning("outbox.gauges_failed", error=str(exc))
@@ -246,53 +262,66 @@ class Relay:
         """drain() with two batches in flight: claim and write the next batch on the other
         claim connection while the broker confirms the previous one, then finalise that.
 
-        The next batch's broker steps must end before the previous claim's budget ends too,
-        so waiting for them never makes the previous claim outlive --stale-timeout. Batches
-        commit in the order they were claimed.
+        While a batch is in flight nothing may make its claim outlive --stale-timeout: the
+        next batch is started only when the publisher needs no reconnect (can_overlap), when
+        the previous claim has a step's worst case left, and when it makes no result-backend
+        calls; its broker steps must end within the previous claim's budget too. Batches
+        commit in the order they were claimed. A database failure on one connection still
+        lets the batch in flight on the other finish.
         """
         stores = (self.store, spare)
         turn = 0
         previous: _InFlight | None = None
         current: _InFlight | None = None
         try:
-            while True:
-                current, unreachable = None, None
-                if not self.stopping and (previous is None or previous.full):
-                    self.touch_liveness()
-                    self.sample_gauges()
+            while not self.stopping and (previous is None or previous.full):
+                if previous is not None and not self.may_overlap(previous):
+                    done, previous = previous, None
+                    if self.end_in_flight(done):
+                        return False
+                    continue
+                store = stores[turn]
+                self.touch_liveness()
+                self.sample_gauges(store)  # the connection with no claim open
+                if previous is None:
                     try:
                         self.publisher.check()  # connect before claiming
                     except BrokerUnavailable as exc:
-                        unreachable = str(exc)
-                    else:
-                        before = None if previous is None else previous.claim_end
-                        current = self.begin_batch(stores[turn], before)
-                        turn ^= 1
-                outage = False
+                        self._record_outage(0, str(exc))
+                        return False
+                current = self.claim_in_flight(store)
+                if current is None:
+                    break
+                turn ^= 1
+                if previous is not None and current.backend_calls:
+                    done, previous = previous, None
+                    if self.end_in_flight(done):
+                        done, current = current, None
+                        done.claiming.__exit__(None, None, None)  # released untouched
+                        return False
+                self.start_in_flight(current, None if previous is None else previous.claim_end)
                 if previous is not None:
                     done, previous = previous, None
-                    claimed, outage = self.end_batch(done)
-                    self.drained += claimed
-                if outage and current is not None:
-                    done, current = current, None
-                    self.drained += self.end_batch(done)[0]
-                if unreachable is not None and not outage:
-                    self._record_outage(0, unreachable)
-                if outage or unreachable is not None:
-                    return False
-                if current is None:
-                    return True
-                previous = current
-        except BaseException:
-            for left in (previous, current):
-                if left is not None:
-                    left.pending.cancel()
-                    with contextlib.suppress(Exception):
-                        left.claiming.__exit__(*sys.exc_info())
+                    if self.end_in_flight(done):
+                        done, current = current, None
+                        self.end_in_flight(done, breaker=False)
+                        return False
+                previous, current = current, None
+            if previous is not None:
+                done, previous = previous, None
+                return not self.end_in_flight(done)
+            return True
+        except BaseException as exc:
+            self.abort_in_flight(exc, previous, current)
             raise
 
-    def begin_batch(self, store: Store, before: float | None) -> _InFlight | None:
-        """Claim a batch and start publishing it; None when nothing was claimable."""
+    def may_overlap(self, previous: _InFlight) -> bool:
+        """Whether the next batch may be started while `previous` awaits its outcome."""
+        left = previous.claim_end - self.clock.monotonic()
+        return left >= self.config.step_worst_case and can_overlap(self.publisher)
+
+    def claim_in_flight(self, store: Store) -> _InFlight | None:
+        """Claim a batch and prepare its messages; None when nothing was claimable."""
         started = self.clock.monotonic()
         claiming = store.claim(self.config.batch_size)
         claim = claiming.__enter__()
@@ -301,20 +330,29 @@ class Relay:
                 claiming.__exit__(None, None, None)
                 return None
             ready, undecodable = self.prepare(claim.rows)
-            claim_end = started + self.config.publish_budget
-            deadline = self.deadline(claim_end if before is None else min(claim_end, before))
-            pending = start(self.publisher, ready, deadline)
         except BaseException:
             if not claiming.__exit__(*sys.exc_info()):
                 raise
             raise  # pragma: no cover - a claim never swallows an exception
-        full = len(claim.rows) >= self.config.batch_size
-        return _InFlight(claiming, claim, ready, undecodable, pending, started, claim_end, full)
+        return _InFlight(
+            claiming=claiming,
+            claim=claim,
+            ready=ready,
+            undecodable=undecodable,
+            started=started,
+            claim_end=started + self.config.publish_budget,
+            full=len(claim.rows) >= self.config.batch_size,
+        )
 
-    def end_batch(self, batch: _InFlight) -> tuple[int, bool]:
-        """Await a started batch's outcome, finalise and commit it; (rows, broker outage?)."""
+    def start_in_flight(self, batch: _InFlight, before: float | None) -> None:
+        """Start publishing a claimed batch; its broker steps end by `before` too, if given."""
+        end = batch.claim_end if before is None else min(batch.claim_end, before)
+        batch.pending = start(self.publisher, batch.ready, self.deadline(end))
+
+    def end_in_flight(self, batch: _InFlight, *, breaker: bool = True) -> bool:
+        """Await a started batch's outcome, finalise and commit it; True on a broker outage."""
         try:
-            attempts = batch.pending.wait()
+            attempts = batch.pending.wait() if batch.pending is not None else []
             decided = self.policy.decide(
                 list(zip((m.row for m in batch.ready), attempts, strict=True)), batch.undecodable
             )
@@ -325,8 +363,25 @@ class Relay:
             raise  # pragma: no cover - a claim never swallows an exception
         batch.claiming.__exit__(None, None, None)
         claimed = len(batch.claim.rows)
-        self.after_commit(decided, claimed, self.clock.monotonic() - batch.started)
-        return claimed, decided.outages > 0
+        self.drained += claimed
+        self.after_commit(decided, claimed, self.clock.monotonic() - batch.started, breaker=breaker)
+        return decided.outages > 0
+
+    def abort_in_flight(self, exc: BaseException, *batches: _InFlight | None) -> None:
+        """End what is still open after an exception: a batch whose publishing started is
+        still finalised on its own connection when the failure was another connection's;
+        anything else is rolled back (its rows released untouched)."""
+        for batch in batches:
+            if batch is None:
+                continue
+            if isinstance(exc, DatabaseUnavailable) and batch.pending is not None:
+                with contextlib.suppress(DatabaseUnavailable):
+                    self.end_in_flight(batch, breaker=False)  # ends its claim either way
+                continue
+            if batch.pending is not None:
+                batch.pending.cancel()
+            with contextlib.suppress(Exception):
+                batch.claiming.__exit__(type(exc), exc, exc.__traceback__)
 
     def sleep_until_work(self) -> None:
         """Block until something may be claimable (see the module docstring).
@@ -477,12 +532,20 @@ class Relay:
 
         return PublishDeadline(clock=self.clock, claim_end=claim_end, stop_end=stop_end)
 
-    def after_commit(self, decided: Decided, claimed: int, seconds: float) -> None:
-        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed."""
+    def after_commit(
+        self, decided: Decided, claimed: int, seconds: float, *, breaker: bool = True
+    ) -> None:
+        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed.
+
+        `breaker=False`: a batch that was in flight when the one before it met an outage; that
+        outage was counted already, and this batch proves nothing about the broker since.
+        """
         report = BatchReport(
             decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
         )
         self.reporters.batch_committed(report)
+        if not breaker:
+            return
         if decided.outages:
             self._record_outage(decided.outages, decided.outage_error)
         elif decided.published and self.breaker.record_success():

@@ -99,6 +99,13 @@ def overlaps(publisher: Publisher) -> bool:
     return bool(getattr(publisher, "overlapping", False))
 
 
+def can_overlap(publisher: Publisher) -> bool:
+    """Whether the publisher can start another batch now without connecting to the broker
+    (so a claim in flight never waits for a reconnect)."""
+    ready = getattr(publisher, "can_overlap", None)
+    return bool(ready()) if ready is not None else False
+
+
 def start(
     publisher: Publisher, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]
 ) -> Pending:

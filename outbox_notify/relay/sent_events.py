@@ -25,6 +25,7 @@ from outbox_notify.relay.publisher import (
     Pending,
     Publisher,
     Result,
+    can_overlap,
     error_text,
     overlaps,
     start,
@@ -48,6 +49,10 @@ class SentEventPublisher:
     def overlapping(self) -> bool:
         """Whether the wrapped publisher can have two batches in flight."""
         return overlaps(self.inner)
+
+    def can_overlap(self) -> bool:
+        """Whether the wrapped publisher can start another batch without connecting."""
+        return can_overlap(self.inner)
 
     def publish(
         self, messages: Sequence[OutgoingMessage], deadline: Callable[[], bool]

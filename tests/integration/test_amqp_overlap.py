@@ -3,7 +3,9 @@ one awaits its publisher confirms (real broker, real PostgreSQL, real relay)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import time
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -152,3 +154,96 @@ def test_relay_drains_many_batches_with_two_claims_once_each(
             assert cursor.fetchone() == (2,)
     finally:
         broker.queue_delete(queue_name)
+
+
+def _via(exchange: str, queue: str, count: int, first_id: int) -> list[messages.OutgoingMessage]:
+    """Prepared messages routed through a named exchange, with row ids from first_id."""
+    now = dt.datetime.now(dt.UTC)
+    named = Exchange(exchange, type="direct", no_declare=True)
+    return [
+        messages.prepare(
+            dataclasses.replace(claimed(queue, exchange=named, routing_key="k"), id=first_id + n),
+            now,
+        )
+        for n in range(count)
+    ]
+
+
+def test_a_channel_closed_by_the_batch_in_flight_blames_nobody_in_the_next_one(
+    broker: amqp.Channel, fast: AmqpConfirmPublisher, queue_name: str
+) -> None:
+    """The first batch's exchange is deleted after the relay checked it, so the broker closes
+    the confirm channel; the next batch, which needs an exchange check of its own, is not
+    blamed for it and the check does not raise: the first batch's messages are released
+    (suspects), the next batch goes out."""
+    gone, kept = f"{queue_name}-gone", f"{queue_name}-kept"
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    for exchange in (gone, kept):
+        broker.exchange_declare(exchange, "direct", durable=False, auto_delete=False)
+        broker.queue_bind(queue_name, exchange, "k")
+    try:
+        assert [a.result for a in fast.publish(_via(gone, queue_name, 1, 1), lambda: False)] == [
+            Result.PUBLISHED
+        ]
+        broker.exchange_delete(gone)
+        in_flight = fast.start(_via(gone, queue_name, 4, 10), lambda: False)
+        time.sleep(0.3)  # the broker's channel.close is waiting on the socket
+        fast.check()
+        assert fast.can_overlap()
+        next_batch = fast.start(_via(kept, queue_name, 2, 20), lambda: False)
+        first = in_flight.wait()
+        second = next_batch.wait()
+        assert [a.result for a in first] == [Result.SKIPPED] * 4
+        assert set(fast.isolation.suspects) == {10, 11, 12, 13}
+        assert [a.result for a in second] == [Result.PUBLISHED] * 2
+    finally:
+        broker.queue_delete(queue_name)
+        broker.exchange_delete(kept)
+
+
+def test_a_message_that_breaks_the_connection_is_found_with_two_batches_in_flight(
+    broker: amqp.Channel, amqp_url: str, queue_name: str
+) -> None:
+    """Headers larger than a frame break the connection every time: whichever batch sees the
+    break, every unsettled message of both becomes a suspect, and over the next attempts the
+    culprit alone fails while the others are published."""
+    app = celery.Celery("amqp-overlap-break", broker=amqp_url, set_as_current=False)
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    now = dt.datetime.now(dt.UTC)
+
+    def batch(ids: range, huge: int | None = None) -> list[messages.OutgoingMessage]:
+        made = []
+        for row_id in ids:
+            extra = {"headers": {"x-big": "a" * 300_000}} if row_id == huge else {}
+            row = dataclasses.replace(claimed(queue_name, **extra), id=row_id)
+            made.append(messages.prepare(row, now))
+        return made
+
+    outcome: dict[int, Result] = {}
+    publisher = AmqpConfirmPublisher(KombuPublisher(app, send_timeout=2))
+    try:
+        for _ in range(8):
+            publisher.check()  # a reconnect happens here, with nothing in flight
+            batches = [
+                [m for m in batch(range(1, 6), huge=3) if m.row.id not in outcome],
+                [m for m in batch(range(11, 16)) if m.row.id not in outcome],
+            ]
+            pending = []
+            for sent in batches:
+                if sent:
+                    pending.append((sent, publisher.start(sent, lambda: False)))
+                    time.sleep(0.2)  # the break is waiting on the socket when check() runs
+                    publisher.check()
+            for sent, started in pending:
+                for message, attempt in zip(sent, started.wait(), strict=True):
+                    if attempt.result in (Result.PUBLISHED, Result.FAILED):
+                        outcome[message.row.id] = attempt.result
+            if len(outcome) == 10:
+                break
+    finally:
+        publisher.close()
+        broker.queue_delete(queue_name)
+    assert outcome[3] is Result.FAILED
+    assert {i: r for i, r in outcome.items() if i != 3} == dict.fromkeys(
+        [1, 2, 4, 5, 11, 12, 13, 14, 15], Result.PUBLISHED
+    )
