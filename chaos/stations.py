@@ -125,9 +125,7 @@ class Station:
         if now - self.log_seen[1] < STALL_AFTER:
             return False
         try:
-            # Ready messages only: on Redis, messages in the unacknowledged set wait for
-            # kombu's restore sweep, not for this worker, which has nothing to consume then.
-            waiting = sum(self.site.depth(queue) for queue in self.queues)
+            waiting = self.site.pending(self.queues)
         except Exception:  # the broker is down or frozen: nothing to judge the worker by
             return False
         self.log_seen = (size, now)
