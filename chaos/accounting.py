@@ -214,6 +214,7 @@ def count(
     dead: set[str],
     redelivered: set[str],
     applied: Counter[str],
+    unacked: set[str],
 ) -> dict[str, Any]:
     """Committed, executed, effects applied, lost (and where), duplicates (and why), rolled
     back but run.
@@ -222,7 +223,9 @@ def count(
     id (Redis: LPUSHes per MONITOR; RabbitMQ: first deliveries per its firehose); `taken`: ids
     a worker took (Redis: into its unacknowledged set; RabbitMQ: delivered); `dead`: ids in
     the dead-letter table; `redelivered`: ids the broker handed out again (Redis: kombu put
-    them back after the visibility timeout; RabbitMQ: delivered with a redelivered count).
+    them back after the visibility timeout; RabbitMQ: delivered with a redelivered count);
+    `unacked`: ids still in Redis's unacknowledged set when the drain ended (a worker took
+    them and nothing has put them back yet: held back, not lost).
 
     A duplicate (a task id executed more than once) is traced to its source: published twice
     (the relays sent it twice: a crash, a claim session lost, or a publish whose reply was
@@ -255,6 +258,7 @@ def count(
         "lost_after_broker": len(reached_broker),
         "lost_after_broker_sample": sorted(reached_broker)[:10],
         "lost_after_broker_taken_by_worker": len(reached_broker & taken),
+        "lost_after_broker_still_unacked": len(reached_broker & unacked),
         "committed_seen_by_broker": sum(1 for tid in committed if published[tid]),
         "duplicates": len(dup_ids),
         "duplicates_sample": [

@@ -26,11 +26,9 @@ if not apps.ready and not apps.loading:
 from kombu import Exchange, Queue
 
 from chaos.queues import CAPPED_LENGTH, CAPPED_QUEUE, DEFAULT_QUEUE
+from chaos.transport import redis_options
 from outbox_notify import OnceTask, OutboxCelery  # after setup: it needs the app registry
 
-# Unacknowledged messages (a worker that lost its broker connection) come back after this
-# long; short, so a run drains in seconds instead of Redis's default hour.
-VISIBILITY_TIMEOUT = 10  # seconds
 BROKER_URL = os.environ.get("CHAOS_BROKER_URL", "redis://127.0.0.1:1/0")
 
 
@@ -47,13 +45,8 @@ def _capped_queue() -> Queue:
 
 
 def _redis_options() -> dict[str, object]:
-    if not BROKER_URL.startswith("redis"):
-        return {}
-    return {
-        "visibility_timeout": VISIBILITY_TIMEOUT,
-        "unacked_restore_interval": 1,
-        "unacked_restore_throttle": 1,
-    }
+    # The visibility timeout and the lock of kombu's restore sweeps: chaos.transport.
+    return redis_options() if BROKER_URL.startswith("redis") else {}
 
 
 app = OutboxCelery("chaos")

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+import redis
 
 from chaos import poison
 from chaos.processes import STALE_TIMEOUT, Process, RelayGroup, owner_of_local_port
 from chaos.rabbit import ChaosRabbit
 from chaos.services import PrivatePostgres, PrivateRedis
+from chaos.transport import RESTORE_MUTEX_KEY
 
 LISTEN_APP = "outbox_notify.listen"
 CLAIM_APP = "outbox_notify.claim"
@@ -146,8 +148,22 @@ def stop_broker(lab: Lab, duration: float) -> Window:
     lab.event("redis stopped (SIGTERM, saving)")
     time.sleep(duration)
     lab.broker.start()
-    lab.event("redis started")
+    lab.event(f"redis started; {_restore_lock(lab)}")
     return start, time.time()
+
+
+def _restore_lock(lab: Lab) -> str:
+    """Whether kombu's restore lock is held (a sweep cut short by a stop or a kill leaves it
+    behind until it expires: chaos.transport); a note for the scenario's events."""
+    try:
+        ttl_ms = int(lab.broker.client().pttl(RESTORE_MUTEX_KEY))
+    except redis.RedisError as exc:
+        return f"{RESTORE_MUTEX_KEY} unknown ({type(exc).__name__})"
+    return (
+        f"{RESTORE_MUTEX_KEY} held ({ttl_ms / 1000:.1f} s left)"
+        if ttl_ms >= 0
+        else f"{RESTORE_MUTEX_KEY} free"
+    )
 
 
 WAKE_LOCK_HOLDER_SQL = """
@@ -245,7 +261,8 @@ def kill_workers(lab: Lab, duration: float) -> Window:
             time.sleep(0.1)
         time.sleep(lab.rng.uniform(*WORKER_RUNS))
         station.kill_and_restart()
-        lab.event("SIGKILL the Celery worker, restarted")
+        note = f"; {_restore_lock(lab)}" if lab.redis is not None else ""
+        lab.event(f"SIGKILL the Celery worker, restarted{note}")
     return start, time.time()
 
 

@@ -210,6 +210,7 @@ class Harness:
             tally=load.tally, scenario=scenario.name, rows=lab.poison,
             reached_broker=lambda: station.site.snapshot()[0],
         ).wait(self.timing.drain_timeout)  # fmt: skip
+        held = self._broker_leftover(station, scenario.queue)
         probes = self._probe_relays(lab, load)
         with self.pg.admin() as conn:
             done = accounting.executions(conn, scenario.name)
@@ -237,6 +238,7 @@ class Harness:
                 dead=dead,
                 redelivered=station.site.redelivered(),
                 applied=applied,
+                unacked=set(held.get("unacknowledged_task_ids", ())),
             )
         )
         result["broker_not_stored"] = accounting.not_stored(
@@ -251,6 +253,7 @@ class Harness:
         result.update(
             ambiguous_committed=ambiguous[0], ambiguous_not=ambiguous[1],
             drained=drain.drained, drain_seconds=round(drain.seconds, 1),
+            broker_leftover={k: v for k, v in held.items() if not k.endswith("_ids")},
             outbox_leftover=leftover, broker_pending=drain.broker_pending,
             poison=verdicts, probes=probes, writer_errors=dict(load.tally.errors),
             fault_seconds=round(window[1] - window[0], 1),
@@ -258,6 +261,13 @@ class Harness:
             events=[(round(at - load_window[0], 2), text) for at, text in lab.events],
         )  # fmt: skip
         return result
+
+    def _broker_leftover(self, station: Station, queue: str) -> dict[str, Any]:
+        """What the broker still holds once the drain ended (drained or not), for the verdict."""
+        try:
+            return station.site.leftover([queue])
+        except Exception as exc:  # the broker is unreachable: say so rather than fail the run
+            return {"error": f"{type(exc).__name__}: {exc}"}
 
     def _resolve(self, tally: Tally) -> tuple[int, int]:
         with self.pg.admin() as conn:
@@ -359,7 +369,7 @@ def _violations(scenario: Scenario, result: dict[str, Any], leaks: list[str]) ->
         (result["rolled_back_published"] > 0, f"{result['rolled_back_published']} rolled-back message(s) published"),
         (result["rolled_back_executed"] > 0, f"{result['rolled_back_executed']} rolled-back message(s) executed"),
         (result["unknown_executed"] > 0, f"{result['unknown_executed']} execution(s) of unknown task ids"),
-        (not result["drained"], "did not drain within the timeout"),
+        (not result["drained"], f"did not drain within the timeout (broker: {result['broker_leftover']})"),
         (result["outbox_leftover"] > 0, f"{result['outbox_leftover']} row(s) left in the outbox"),
         (any(not v["ok"] for v in result["poison"]), "a poison row did not end as documented"),
         (bool(result["relay_crashes"]), f"{len(result['relay_crashes'])} relay crash(es)"),

@@ -60,7 +60,8 @@ def details(results: list[dict[str, Any]]) -> str:
         lines.append(f"- {result['scenario']}: {result['what']}")
         lines.append(
             f"  lost after the broker had it={result['lost_after_broker']} (of them taken by a "
-            f"worker={result['lost_after_broker_taken_by_worker']}); "
+            f"worker={result['lost_after_broker_taken_by_worker']}, still unacknowledged in the "
+            f"broker={result.get('lost_after_broker_still_unacked', 0)}); "
             f"duplicates republished={result['duplicates_republished']} "
             f"redelivered={result['duplicates_redelivered']} "
             f"untraced={result.get('duplicates_untraced', 0)}; publishes received but not stored="
@@ -90,6 +91,8 @@ def details(results: list[dict[str, Any]]) -> str:
             )
         if result.get("notify_queue_usage_max") is not None:
             lines.append(f"  notify queue usage max: {result['notify_queue_usage_max']}")
+        if result["violations"]:  # what the faults did, to read the failure by
+            lines.extend(f"  event at {at} s: {text}" for at, text in result.get("events", []))
         lines.extend(f"  VIOLATION: {text}" for text in result["violations"])
     return "\n".join(lines)
 

@@ -8,6 +8,7 @@ and which secrets must never appear in a log; the faults act on the site's serve
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections import Counter
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from chaos import brokerwatch, firehose
 from chaos.rabbit import ChaosRabbit
 from chaos.services import PrivateRedis
+from chaos.transport import RESTORE_MUTEX_KEY
 
 REDIS = "redis"
 RABBITMQ = "rabbitmq"
@@ -36,6 +38,7 @@ class Site(Protocol):
     def pending(self, queues: list[str]) -> int: ...
     def settled(self, queues: list[str]) -> bool: ...
     def depth(self, queue: str) -> int: ...
+    def leftover(self, queues: list[str]) -> dict[str, Any]: ...
 
 
 class RedisSite:
@@ -82,6 +85,27 @@ class RedisSite:
 
     def depth(self, queue: str) -> int:
         return int(self.server.client().llen(queue))
+
+    def leftover(self, queues: list[str]) -> dict[str, Any]:
+        """What Redis still holds for the workers: queued, unacknowledged (with their task
+        ids), and how long kombu's restore lock has left (None: nobody holds it)."""
+        client = self.server.client()
+        task_ids = sorted(_unacked_task_id(value) for value in client.hvals("unacked"))
+        ttl_ms = int(client.pttl(RESTORE_MUTEX_KEY))
+        return {
+            "queued": sum(int(client.llen(q)) for q in queues),
+            "unacknowledged": len(task_ids),
+            "unacknowledged_task_ids": task_ids,
+            "restore_lock_ttl_s": round(ttl_ms / 1000, 1) if ttl_ms >= 0 else None,
+        }
+
+
+def _unacked_task_id(value: bytes) -> str:
+    """The task id of one entry of kombu's `unacked` hash: [message, exchange, routing key]."""
+    try:
+        return str(json.loads(value)[0]["headers"]["id"])
+    except (ValueError, LookupError, TypeError):
+        return "?"
 
 
 class RabbitSite:
@@ -158,3 +182,7 @@ class RabbitSite:
 
     def depth(self, queue: str) -> int:
         return self.pending([queue])
+
+    def leftover(self, queues: list[str]) -> dict[str, Any]:
+        """Messages ready or unacknowledged in the node's queues."""
+        return {"messages": self.rabbit.messages(queues)}

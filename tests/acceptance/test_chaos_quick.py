@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +149,53 @@ def test_poison_rows_end_as_documented(chaos_results: dict[str, Any]) -> None:
         "future-schema": True,
         "unknown-task": True,
     }, poison["poison"]
+
+
+REDELIVERY_BOUND = 40.0  # seconds: well inside a quick scenario's 60 s drain
+
+
+def test_a_restore_lock_left_behind_delays_redelivery_by_seconds(private_redis: Any) -> None:
+    """kombu restores a dead worker's unacknowledged Redis messages in sweeps that hold the
+    lock `unacked_mutex`; a holder that dies mid-sweep (a worker SIGKILLed, or Redis stopped
+    between the lock's SET and its release and restarted with the key saved) leaves it until
+    it expires. With kombu's default expiry (300 s) the messages stayed unacknowledged through
+    broker_stop, worker_kill and poison ("did not drain"); with the chaos worker's transport
+    options a message taken by a worker that then died comes back within seconds."""
+    from kombu import Connection
+
+    from chaos.transport import VISIBILITY_TIMEOUT, redis_options
+
+    url = private_redis.url()
+    with Connection(url, transport_options=redis_options()) as dead:
+        queue = dead.SimpleQueue("chaos-restore-lock")
+        queue.put({"n": 1})
+        taken = queue.get(timeout=5)  # now in kombu's unacknowledged set, never acknowledged
+        channel = dead.default_channel
+        channel.do_restore = False  # dies without putting it back, as a SIGKILLed worker does
+        # The lock exactly as kombu's sweep takes it, never released: its holder died.
+        lock = channel.client.lock(channel.unacked_mutex_key, timeout=channel.unacked_mutex_expire)
+        assert lock.acquire(blocking=False)
+        queue.close()
+    began = time.monotonic()
+    with Connection(url, transport_options=redis_options()) as alive:
+        queue = alive.SimpleQueue("chaos-restore-lock")
+        again = _get_within(queue, REDELIVERY_BOUND)
+        waited = time.monotonic() - began
+        again.ack()
+        queue.close()
+    assert again.payload == taken.payload == {"n": 1}
+    assert VISIBILITY_TIMEOUT - 1 < waited < REDELIVERY_BOUND, waited
+
+
+def _get_within(queue: Any, seconds: float) -> Any:
+    """The next message, polling in short waits: without an event loop kombu sweeps only
+    after a poll that timed out, and a wait longer than its 1 s BRPOP never times out."""
+    from kombu.simple import SimpleQueue
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return queue.get(timeout=0.5)
+        except SimpleQueue.Empty:
+            if time.monotonic() > deadline:
+                raise
