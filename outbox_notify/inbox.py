@@ -73,10 +73,19 @@ def checked_key(value: object, what: str) -> str:
     return text
 
 
+def _without_comment_lines(query: str) -> str:
+    """The query without its whole-line `--` comments, which would travel with every execution."""
+    return "\n".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
+
+
 @functools.cache
 def queries() -> dict[str, str]:
-    """The inbox queries of `sql/inbox.sql`, loaded once."""
-    return sql_files.parse_named_queries(sql_files.read("inbox.sql"))
+    """The inbox queries of `sql/inbox.sql`, loaded once, without their comment lines.
+
+    `record_key` runs in every OnceTask execution: its comment would triple what is sent.
+    """
+    named = sql_files.parse_named_queries(sql_files.read("inbox.sql"))
+    return {name: _without_comment_lines(query) for name, query in named.items()}
 
 
 def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bool:

@@ -166,10 +166,11 @@ class OnceTask(TaskBase):
     ) -> Any:
         """Record the key and run the body in one transaction, or skip, or retry."""
         alias = conf.database_alias()
+        connection = connections[alias]
         attempt = _Attempt()
         try:
             with transaction.atomic(using=alias):
-                if inbox.record(connections[alias], key, task_id=task_id, task_name=self.name):
+                if inbox.record(connection, key, task_id=task_id, task_name=self.name):
                     return self._run_body(attempt, task_id, args, kwargs)
         except _RetryAfterRollback as deferred:
             attempt.retry = deferred.options

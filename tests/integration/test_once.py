@@ -359,3 +359,44 @@ def test_a_concurrent_duplicate_skips_under_stricter_isolation(
     first, second = _race(gate, first_fails=False, isolation=isolation)
     assert (first.state, second.state) == (states.SUCCESS, states.IGNORED)
     assert [e.marker for e in effects()] == ["first"]
+
+
+def _queries_sent(run: Callable[[], Any], tmp_path: Any) -> list[str]:
+    """The statements `run` sends on the default connection, from libpq's protocol trace."""
+    connection = connections["default"]
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    trace = tmp_path / "libpq.trace"
+    with trace.open("w") as out:
+        pgconn.trace(out.fileno())
+        try:
+            run()
+        finally:
+            pgconn.untrace()
+    # Frontend messages are "<time>\tF\t<length>\tQuery\t\"<text>\"" (text may span lines).
+    sent, current = [], None
+    for line in trace.read_text().splitlines():
+        fields = line.split("\t")
+        if len(fields) > 3 and fields[1] in {"F", "B"}:
+            if current is not None:
+                sent.append(current)
+            current = fields[4].strip(' "') if fields[1:4:2] == ["F", "Query"] else None
+        elif current is not None:
+            current += "\n" + line
+    if current is not None:
+        sent.append(current)
+    return [" ".join(query.split()) for query in sent]
+
+
+def test_a_delivery_sends_begin_its_key_its_body_and_commit_nothing_else(tmp_path: Any) -> None:
+    """What one delivery costs in round trips: the key insert is OnceTask's only statement."""
+    task_id = new_id()
+    sent = _queries_sent(lambda: deliver(effect, ("trips",), task_id), tmp_path)
+    assert len(sent) == 4, sent
+    begin, key, body, commit = sent
+    assert (begin, commit) == ("BEGIN", "COMMIT")
+    # The key insert goes without the SQL file's comments: every execution would carry them.
+    assert key.startswith("INSERT INTO outbox_notify_inbox_v1 "), key
+    assert task_id in key
+    assert "--" not in key
+    assert "testapp_effect" in body
