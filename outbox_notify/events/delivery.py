@@ -58,7 +58,11 @@ DEAD_AT = "x-outbox-dead-at"  # RFC 3339, UTC
 RETRY_HEADERS = (ATTEMPT, RETRY_AT, LAST_ERROR)
 
 MAX_REASON = 1000  # characters of a reason kept in a header
-POLL = 1.0  # seconds the loop waits for a message before it checks for a stop request
+# Seconds the loop waits for a message before it checks for a stop request. Below kombu's
+# Redis BRPOP timeout (1 s): kombu sweeps the unacknowledged messages of dead consumers back
+# onto their queue only when a wait ends with nothing read, which a wait as long as the BRPOP
+# itself rarely does (kombu 5.7).
+POLL = 0.5
 OUTAGE_COOLDOWN = 2.0  # seconds between attempts to reach a broker or database that is down
 # runs of one message that lost their database session while the database answered, kept in
 # hand as an outage before the next one counts as the handler's failure (see deliver())
