@@ -199,10 +199,11 @@ def validate_row(row: OutboxRow) -> None:
 
     Raises SerializationError (inside the caller's transaction, before anything is written).
     """
-    for what, value in (("id", row.task_id), ("name", row.task_name)):
-        if "\x00" in value:
-            # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
-            raise SerializationError(f"the task {what} contains a NUL character")
+    # PostgreSQL text cannot hold NUL; fail at the call, not at the INSERT.
+    if "\x00" in row.task_id:
+        raise SerializationError("the task id contains a NUL character")
+    if "\x00" in row.task_name:
+        raise SerializationError("the task name contains a NUL character")
     if row.hold_until is not None and row.hold_until.tzinfo is None:
         # A naive time would be read in the database session's time zone, not the ETA's.
         raise SerializationError("the time a task is held until must carry a time zone")

@@ -39,7 +39,6 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from django.core.signals import setting_changed
 from kombu import Exchange, Queue
-from kombu.utils.uuid import uuid
 
 from outbox_notify import context, instrumentation, serialization, writeconf
 
@@ -112,7 +111,7 @@ class Template:
 
     name: str
     holes: tuple[str, ...]  # the holes, in the order they appear in the options text
-    text: str  # the options text with {hole} fields, for str.format_map (braces doubled)
+    pieces: tuple[str, ...]  # the options text around the holes: one more than holes
     header_names: tuple[str, ...]  # custom headers, in the order Celery adds them
     extra_holes: bool  # a group index or custom headers to fill
     result_cls: Any
@@ -410,7 +409,7 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
     template = Template(
         name=call.name,
         holes=holes,
-        text=_format_text(pieces, holes),
+        pieces=pieces,
         header_names=header_names,
         extra_holes=bool(header_names) or "group_index" in holes,
         result_cls=call.options.get("result_cls") or call.app.AsyncResult,
@@ -421,7 +420,7 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         repr_maxlevels=_repr_maxlevels(call.app),
     )
     encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
-    return template if template.text.format_map(encoded) == text else None
+    return template if _text(template, encoded) == text else None
 
 
 # saferepr's own default: what Celery releases before the task_repr_maxlevels setting use.
@@ -433,10 +432,13 @@ def _repr_maxlevels(app: Any) -> int:
     return int(app.conf.get("task_repr_maxlevels", _SAFEREPR_MAXLEVELS))
 
 
-def _format_text(pieces: tuple[str, ...], holes: tuple[str, ...]) -> str:
-    escaped = [piece.replace("{", "{{").replace("}", "}}") for piece in pieces]
-    fields = [f"{{{hole}}}" for hole in holes]
-    return "".join(p + f for p, f in zip(escaped, [*fields, ""], strict=True))
+def _text(template: Template, values: Mapping[str, str]) -> str:
+    """The options text of one call: the template's pieces with the holes' values between."""
+    pieces = template.pieces
+    parts = [pieces[0]]
+    for hole, piece in zip(template.holes, pieces[1:], strict=True):
+        parts += (values[hole], piece)
+    return "".join(parts)
 
 
 def _split(text: str, header_count: int) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -478,10 +480,13 @@ def _flat_repr(value: Any) -> str | None:
     """saferepr() of a flat tuple, list or dict of plain scalars; None for anything else."""
     kind = type(value)
     if kind is dict:
-        items = [(_scalar_repr(k), _scalar_repr(v)) for k, v in value.items()]
-        if any(k is None or v is None for k, v in items):
-            return None
-        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+        items: list[str] = []
+        for key, item in value.items():
+            key_text, item_text = _scalar_repr(key), _scalar_repr(item)
+            if key_text is None or item_text is None:
+                return None
+            items.append(f"{key_text}: {item_text}")
+        return "{" + ", ".join(items) + "}"
     if kind is not tuple and kind is not list:
         return None
     parts = [_scalar_repr(v) for v in value]
@@ -511,17 +516,16 @@ def origin() -> str:
     """Celery's `origin` header for this process, JSON-encoded.
 
     anon_nodename() is made of the pid and the host name, which Celery reads once per
-    process (celery.utils.nodenames memoizes gethostname): one text per pid.
+    process (celery.utils.nodenames memoizes gethostname): one text per process, forgotten
+    in a forked child (which has a pid of its own).
     """
-    pid = os.getpid()
-    text = _origins.get(pid)
-    if text is None:
-        _origins.clear()
-        text = _origins[pid] = encode_basestring_ascii(anon_nodename())
-    return text
+    if not _origin:
+        _origin.append(encode_basestring_ascii(anon_nodename()))
+    return _origin[0]
 
 
-_origins: dict[int, str] = {}
+_origin: list[str] = []
+os.register_at_fork(after_in_child=_origin.clear)
 
 
 def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]:
@@ -552,8 +556,22 @@ def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]
     return values
 
 
+# The nibble after a UUID4's third dash holds its variant (binary 10xx): 8, 9, a or b.
+_VARIANT = dict(zip("0123456789abcdef", "89ab89ab89ab89ab", strict=True))
+
+
+def new_task_id() -> str:
+    """What Celery's `uuid()` gives a task without an id: a random UUID4 as text.
+
+    Formatted from 16 random bytes with the version and variant set, as `uuid.uuid4()` sets
+    them, without building the `uuid.UUID` object (most of the cost of `str(uuid4())`).
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 def _fill(template: Template, call: Call, parent: Any, settings: writeconf.WriteSettings) -> Made:
-    task_id = call.options.get("task_id") or uuid()
+    task_id = call.options.get("task_id") or new_task_id()
     args = call.args or ()
     kwargs = call.kwargs or {}
     row = serialization.OutboxRow(
@@ -561,7 +579,7 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
         task_name=template.name,
         args=serialization.dumps_args(args),
         kwargs=serialization.dumps_kwargs(kwargs),
-        options=template.text.format_map(_hole_values(template, call, task_id)),
+        options=_text(template, _hole_values(template, call, task_id)),
         context=serialization.dumps_context(
             context.capture(
                 settings.structlog_keys,
