@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+import celery
 from celery import signals as celery_signals
 from celery.app.amqp import AMQP
 from celery.app.routes import MapRoute, Router
@@ -40,7 +41,8 @@ from celery.utils.saferepr import saferepr
 from django.core.signals import setting_changed
 from kombu import Exchange, Queue
 
-from outbox_notify import context, instrumentation, serialization, writeconf
+from outbox_notify import conf, context, instrumentation, serialization, writeconf
+from outbox_notify.limits import MAX_BYTES_PER_CHARACTER
 
 # Celery options that are computed per call; everything else is part of the shape.
 _PER_CALL = ("task_id", "group_index", "producer", "publisher", "connection", "headers")
@@ -114,7 +116,7 @@ class Template:
     pieces: tuple[str, ...]  # the options text around the holes: one more than holes
     header_names: tuple[str, ...]  # custom headers, in the order Celery adds them
     extra_holes: bool  # a group index or custom headers to fill
-    result_cls: Any
+    result_cls: Any  # called with the task id, as Celery's send_task calls result_cls
     ignored: Any
     add_to_parent: bool
     repr_maxsize: int
@@ -412,7 +414,7 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         pieces=pieces,
         header_names=header_names,
         extra_holes=bool(header_names) or "group_index" in holes,
-        result_cls=call.options.get("result_cls") or call.app.AsyncResult,
+        result_cls=_result_factory(call.options.get("result_cls") or call.app.AsyncResult),
         ignored=call.options.get("ignore_result"),
         add_to_parent=bool(call.options.get("add_to_parent", True)) and parent is not None,
         repr_maxsize=amqp.argsrepr_maxsize,
@@ -421,6 +423,27 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
     )
     encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
     return template if _text(template, encoded) == text else None
+
+
+def _result_factory(result_cls: Any) -> Any:
+    """What makes a call's AsyncResult: `result_cls` itself, or the same call made directly.
+
+    `delay()` passes the task's own `AsyncResult` method; unless a task class overrides it,
+    that method builds the app's result class with the task's backend and name, which is done
+    here without the two lookups of the app in between.
+    """
+    task = getattr(result_cls, "__self__", None)
+    if task is None or getattr(result_cls, "__func__", None) is not _TASK_ASYNC_RESULT:
+        return result_cls
+    klass, name = task._get_app().AsyncResult, task.name
+
+    def make(task_id: str) -> Any:
+        return klass(task_id, backend=task.backend, task_name=name)
+
+    return make
+
+
+_TASK_ASYNC_RESULT = celery.Task.AsyncResult
 
 
 # saferepr's own default: what Celery releases before the task_repr_maxlevels setting use.
@@ -556,6 +579,18 @@ def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]
     return values
 
 
+def _maybe_too_big(row: serialization.OutboxRow) -> bool:
+    """Whether the row may be over the size limit (see limits.message_size's quick bound).
+
+    The rest of what validate_row checks holds for every filled row: the task name passed it
+    with the shape's first call, a generated id is hex and dashes, and nothing is held.
+    """
+    limit = conf.max_message_bytes()
+    if limit is None:
+        return False
+    return (len(row.args) + len(row.kwargs) + len(row.options)) * MAX_BYTES_PER_CHARACTER > limit
+
+
 # The nibble after a UUID4's third dash holds its variant (binary 10xx): 8, 9, a or b.
 _VARIANT = dict(zip("0123456789abcdef", "89ab89ab89ab89ab", strict=True))
 
@@ -571,7 +606,8 @@ def new_task_id() -> str:
 
 
 def _fill(template: Template, call: Call, parent: Any, settings: writeconf.WriteSettings) -> Made:
-    task_id = call.options.get("task_id") or new_task_id()
+    given = call.options.get("task_id")
+    task_id = given or new_task_id()
     args = call.args or ()
     kwargs = call.kwargs or {}
     row = serialization.OutboxRow(
@@ -587,7 +623,8 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
             )
         ),
     )
-    serialization.validate_row(row)
+    if (given and "\x00" in given) or _maybe_too_big(row):
+        serialization.validate_row(row)  # raises the error single calls raise
     result = template.result_cls(task_id)
     result.ignored = template.ignored
     if template.add_to_parent:
