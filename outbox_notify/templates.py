@@ -292,7 +292,10 @@ def _publish_unobserved() -> bool:
 
 def _plain_arguments(call: Call) -> bool:
     # Anything else makes Celery raise its own TypeError on the full path.
-    return isinstance(call.args, list | tuple | None) and isinstance(call.kwargs, Mapping | None)
+    args, kwargs = call.args, call.kwargs
+    return (type(args) is tuple or isinstance(args, list | tuple | None)) and (
+        type(kwargs) is dict or isinstance(kwargs, Mapping | None)
+    )
 
 
 def _quickable(options: Mapping[str, Any]) -> bool:
