@@ -51,6 +51,7 @@ MAX_PENDING = 5_000  # rows kept in memory before they are written anyway
 _STATE = "_outbox_notify_deferred"
 _INERROR = pq.TransactionStatus.INERROR
 _RELEASE = "RELEASE SAVEPOINT "
+_ROLLBACK_TO = "ROLLBACK TO SAVEPOINT "
 
 Writer = Callable[[BaseDatabaseWrapper, Sequence[OutboxRow]], None]
 # Runs on the writer thread; calls its argument once it holds the connection (COPY started).
@@ -96,6 +97,7 @@ class Deferred:
         self.writing: Background | None = None  # a COPY running on its own thread
         self.original_commit: Callable[[], Any] = connection._commit  # type: ignore[attr-defined]
         self.original_rollback: Callable[[], Any] = connection._rollback  # type: ignore[attr-defined]
+        self.original_close: Callable[[], Any] = connection._close  # type: ignore[attr-defined]
 
     def add(self, row: OutboxRow) -> bool:
         """Keep `row` for later; False when it must be written now (see the module docstring)."""
@@ -163,6 +165,15 @@ class Deferred:
             self._failed(translated, writing.count)
             raise
 
+    def abandon(self) -> None:
+        """Wait for the COPY running on its thread, which a rollback is about to undo."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return
+        error = writing.join()
+        if error is not None:  # undone with the rest; logged, as nobody else will see it
+            self._failed(error, writing.count)
+
     def _failed(self, exc: BaseException, count: int) -> None:
         exc.add_note(f"outbox-notify: raised while writing {count} deferred outbox rows")
         log.error(
@@ -181,7 +192,12 @@ class Deferred:
     ) -> Any:
         """The execute wrapper: write the waiting rows before the caller's statement."""
         if self.writing is not None:
-            self.wait()
+            if isinstance(sql, str) and sql.startswith(_ROLLBACK_TO):
+                # The savepoint is older than the COPY (creating it waited for the COPY before
+                # it), so the rollback undoes the COPY whatever became of it.
+                self.abandon()
+            else:
+                self.wait()
         if self.rows and not (isinstance(sql, str) and sql.startswith(_RELEASE)):
             self.flush()
         return execute(sql, params, many, context)
@@ -194,10 +210,13 @@ class Deferred:
     def rollback(self) -> Any:
         """The connection's `_rollback`: the rows are forgotten with the transaction."""
         self.discard()
-        writing, self.writing = self.writing, None
-        if writing is not None:
-            writing.join()  # whatever it raised is undone with the transaction
+        self.abandon()
         return self.original_rollback()
+
+    def close(self) -> Any:
+        """The connection's `_close`: a COPY still running ends first (lost with the session)."""
+        self.abandon()
+        return self.original_close()
 
 
 def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
@@ -209,6 +228,7 @@ def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
         connection.execute_wrappers.insert(0, state)
         connection._commit = state.commit  # type: ignore[attr-defined]
         connection._rollback = state.rollback  # type: ignore[attr-defined]
+        connection._close = state.close  # type: ignore[attr-defined]
         connection.__dict__[_STATE] = state
     return state
 

@@ -10,7 +10,7 @@ from unittest import mock
 import psycopg
 import pytest
 from celery import group
-from django.db import DataError, transaction
+from django.db import DataError, OperationalError, connection, transaction
 
 from outbox_notify import OutboxCelery, bulk, rows
 from outbox_notify.app import RecordingProducer
@@ -237,4 +237,28 @@ def test_a_refused_batch_raises_when_the_block_ends() -> None:
             collector.add(_bad_row())
             add.delay(1, 1)
         pytest.fail("the block must not end normally")  # pragma: no cover
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_refused_batch_undone_by_its_savepoint_leaves_the_outer_transaction_usable() -> None:
+    """The block raises while its refused COPY runs: its savepoint undoes it, the rest commits."""
+    with transaction.atomic():
+        add.delay(0, 0)
+        with pytest.raises(RuntimeError), bulk(batch_size=2) as collector:
+            collector.add(_bad_row())
+            add.delay(1, 1)  # its COPY starts on the writer thread and fails there
+            raise RuntimeError("the caller's own error, raised while the COPY runs")
+        add.delay(2, 2)
+        assert OutboxMessage.objects.count() == 2
+    assert sorted(row.args for row in OutboxMessage.objects.all()) == [[0, 0], [2, 2]]
+
+
+def test_closing_the_connection_while_a_batch_is_written_waits_for_it() -> None:
+    """connection.close() inside a block lets the running COPY end; the block fails as usual."""
+    with pytest.raises(OperationalError, match="the connection is closed"), bulk(batch_size=3):
+        for i in range(3):
+            add.delay(i, i)
+        connection.close()
+        add.delay(3, 3)
+        OutboxMessage.objects.count()
     assert OutboxMessage.objects.count() == 0
