@@ -502,6 +502,9 @@ def _scalar_repr(value: Any) -> str | None:
     return None
 
 
+_EMPTY_REPRS: dict[type, str] = {tuple: "()", list: "[]", dict: "{}"}
+
+
 def _flat_repr(value: Any) -> str | None:
     """saferepr() of a flat tuple, list or dict of plain scalars; None for anything else."""
     kind = type(value)
@@ -532,7 +535,8 @@ def argsrepr(value: Any, maxlen: int, maxlevels: int) -> str:
     concatenation (tests compare the two on generated values); anything else is saferepr's.
     """
     if maxlevels >= 1:
-        text = _flat_repr(value)
+        # No positional (or keyword) arguments, as delay() often has: a constant.
+        text = _EMPTY_REPRS.get(type(value)) if not value else _flat_repr(value)
         if text is not None and len(text) < maxlen:
             return text
     return saferepr(value, maxlen, maxlevels=maxlevels)
