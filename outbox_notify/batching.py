@@ -14,7 +14,11 @@ The messages are the ones single calls store, and bad arguments raise the same
 `SerializationError` at the call. When the block raises, nothing of it is written.
 
 Messages are built as for single calls (repeated shapes from their template, see
-`templates.py`); only the writing is batched.
+`templates.py`); only the writing is batched. A full batch's COPY runs on a writer thread
+while the block builds the next one (PostgreSQL stores one batch while Python makes the
+next); the block's next query, its savepoints, its end and the COMMIT wait for it first, and
+an error of that COPY is raised there (deferred.py). The last batch is written when the
+block ends.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Collector:
     alias: str
     app: Any
     batch_size: int = DEFAULT_BATCH_SIZE
+    # Full batches are written by a COPY on a writer thread while the block goes on.
+    background: bool = False
     rows: list[OutboxRow] = dataclasses.field(default_factory=list)
     written: int = 0
 
@@ -58,12 +64,12 @@ class Collector:
         """Keep a validated row; write a batch once `batch_size` rows wait."""
         self.rows.append(row)
         if len(self.rows) >= self.batch_size:
-            self.flush()
+            self.flush(background=self.background)
 
-    def flush(self) -> None:
-        """Write what is waiting, in one COPY."""
+    def flush(self, *, background: bool = False) -> None:
+        """Write what is waiting, in one COPY (run on a writer thread with `background`)."""
         rows, self.rows = self.rows, []
-        insert_rows(rows, self.alias, self.app)
+        insert_rows(rows, self.alias, self.app, background=background)
         self.written += len(rows)
 
 
@@ -85,7 +91,7 @@ def bulk(
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     alias = using or writeconf.current().alias
-    collector = Collector(alias=alias, app=app, batch_size=batch_size)
+    collector = Collector(alias=alias, app=app, batch_size=batch_size, background=True)
     with transaction.atomic(using=alias):
         token = _active.set(collector)
         try:

@@ -24,10 +24,18 @@ rows, with a note saying so, and the transaction rolls back as for any failed st
 Rows are written at the call instead when deferring could change what the caller sees:
 outside `atomic()` (autocommit), in a transaction that already failed, while Django logs
 queries (DEBUG, `assertNumQueries`), and for a non-ASCII task id or name.
+
+A bulk block's full batches are written by a COPY that runs on a writer thread while the
+caller builds the next batch (`start`): PostgreSQL checks and stores one batch while Python
+makes the next. The COPY holds the psycopg connection's lock from before `start` returns
+until it ends, so nothing else reaches the connection in between, and the hooks above wait
+for it (`wait`) before the caller's next statement, COMMIT or rollback, raising what it
+raised there.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,8 +51,39 @@ MAX_PENDING = 5_000  # rows kept in memory before they are written anyway
 _STATE = "_outbox_notify_deferred"
 _INERROR = pq.TransactionStatus.INERROR
 _RELEASE = "RELEASE SAVEPOINT "
+_ROLLBACK_TO = "ROLLBACK TO SAVEPOINT "
 
 Writer = Callable[[BaseDatabaseWrapper, Sequence[OutboxRow]], None]
+# Runs on the writer thread; calls its argument once it holds the connection (COPY started).
+Work = Callable[[Callable[[], None]], None]
+
+
+class Background:
+    """One write running on a thread of its own; `join` hands back what it raised."""
+
+    def __init__(self, count: int, work: Work) -> None:
+        self.count = count
+        self.error: BaseException | None = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(work,), name="outbox-notify-copy", daemon=True
+        )
+        self._thread.start()
+        # Until the work holds the connection, a statement of the caller could overtake it.
+        self._started.wait()
+
+    def _run(self, work: Work) -> None:
+        try:
+            work(self._started.set)
+        except BaseException as exc:  # handed to the caller's thread by join()
+            self.error = exc
+        finally:
+            self._started.set()
+
+    def join(self) -> BaseException | None:
+        """Wait for the write to end; what it raised, if anything."""
+        self._thread.join()
+        return self.error
 
 
 class Deferred:
@@ -55,11 +94,15 @@ class Deferred:
         self.writer = writer
         self.rows: list[OutboxRow] = []
         self.raw: Any = None  # the psycopg connection the rows belong to
+        self.writing: Background | None = None  # a COPY running on its own thread
         self.original_commit: Callable[[], Any] = connection._commit  # type: ignore[attr-defined]
         self.original_rollback: Callable[[], Any] = connection._rollback  # type: ignore[attr-defined]
+        self.original_close: Callable[[], Any] = connection._close  # type: ignore[attr-defined]
 
     def add(self, row: OutboxRow) -> bool:
         """Keep `row` for later; False when it must be written now (see the module docstring)."""
+        if self.writing is not None:
+            self.wait()
         connection = self.connection
         raw = connection.connection
         if (
@@ -83,7 +126,9 @@ class Deferred:
         return True
 
     def flush(self) -> None:
-        """Write the rows that wait, now (one round trip)."""
+        """Write the rows that wait, now (one round trip), after a COPY still running."""
+        if self.writing is not None:
+            self.wait()
         rows, self.rows = self.rows, []
         if not rows:
             return
@@ -95,14 +140,48 @@ class Deferred:
         try:
             self.writer(self.connection, rows)
         except Exception as exc:
-            exc.add_note(f"outbox-notify: raised while writing {len(rows)} deferred outbox rows")
-            log.error(
-                "outbox.deferred_write_failed",
-                count=len(rows),
-                database=self.connection.alias,
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            self._failed(exc, len(rows))
             raise
+
+    def start(self, count: int, work: Work) -> None:
+        """Run `work` (a COPY of `count` rows) on a thread; return once it holds the connection."""
+        self.flush()
+        self.writing = Background(count, work)
+
+    def wait(self) -> None:
+        """Wait for the COPY running on its thread; raise here what it raised there."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return
+        error = writing.join()
+        if error is None:
+            return
+        if not isinstance(error, Exception):
+            raise error
+        try:
+            with self.connection.wrap_database_errors:  # psycopg's error as Django's
+                raise error
+        except Exception as translated:
+            self._failed(translated, writing.count)
+            raise
+
+    def abandon(self) -> None:
+        """Wait for the COPY running on its thread, which a rollback is about to undo."""
+        writing, self.writing = self.writing, None
+        if writing is None:
+            return
+        error = writing.join()
+        if error is not None:  # undone with the rest; logged, as nobody else will see it
+            self._failed(error, writing.count)
+
+    def _failed(self, exc: BaseException, count: int) -> None:
+        exc.add_note(f"outbox-notify: raised while writing {count} deferred outbox rows")
+        log.error(
+            "outbox.deferred_write_failed",
+            count=count,
+            database=self.connection.alias,
+            error=f"{type(exc).__name__}: {exc}",
+        )
 
     def discard(self) -> None:
         """Forget the rows that wait (their transaction rolled back)."""
@@ -112,6 +191,13 @@ class Deferred:
         self, execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
     ) -> Any:
         """The execute wrapper: write the waiting rows before the caller's statement."""
+        if self.writing is not None:
+            if isinstance(sql, str) and sql.startswith(_ROLLBACK_TO):
+                # The savepoint is older than the COPY (creating it waited for the COPY before
+                # it), so the rollback undoes the COPY whatever became of it.
+                self.abandon()
+            else:
+                self.wait()
         if self.rows and not (isinstance(sql, str) and sql.startswith(_RELEASE)):
             self.flush()
         return execute(sql, params, many, context)
@@ -124,7 +210,13 @@ class Deferred:
     def rollback(self) -> Any:
         """The connection's `_rollback`: the rows are forgotten with the transaction."""
         self.discard()
+        self.abandon()
         return self.original_rollback()
+
+    def close(self) -> Any:
+        """The connection's `_close`: a COPY still running ends first (lost with the session)."""
+        self.abandon()
+        return self.original_close()
 
 
 def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
@@ -136,6 +228,7 @@ def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
         connection.execute_wrappers.insert(0, state)
         connection._commit = state.commit  # type: ignore[attr-defined]
         connection._rollback = state.rollback  # type: ignore[attr-defined]
+        connection._close = state.close  # type: ignore[attr-defined]
         connection.__dict__[_STATE] = state
     return state
 
@@ -149,7 +242,7 @@ def pending(connection: BaseDatabaseWrapper) -> Deferred | None:
 def flush(connection: BaseDatabaseWrapper) -> None:
     """Write what `connection` owes the outbox table now (before writing past it)."""
     state = pending(connection)
-    if state is not None and state.rows:
+    if state is not None and (state.rows or state.writing is not None):
         state.flush()
 
 

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
+import celery
 from celery import signals as celery_signals
 from celery.app.amqp import AMQP
 from celery.app.routes import MapRoute, Router
@@ -39,9 +40,9 @@ from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
 from django.core.signals import setting_changed
 from kombu import Exchange, Queue
-from kombu.utils.uuid import uuid
 
-from outbox_notify import context, instrumentation, serialization, writeconf
+from outbox_notify import conf, context, instrumentation, serialization, writeconf
+from outbox_notify.limits import MAX_BYTES_PER_CHARACTER
 
 # Celery options that are computed per call; everything else is part of the shape.
 _PER_CALL = ("task_id", "group_index", "producer", "publisher", "connection", "headers")
@@ -112,10 +113,10 @@ class Template:
 
     name: str
     holes: tuple[str, ...]  # the holes, in the order they appear in the options text
-    text: str  # the options text with {hole} fields, for str.format_map (braces doubled)
+    pieces: tuple[str, ...]  # the options text around the holes: one more than holes
     header_names: tuple[str, ...]  # custom headers, in the order Celery adds them
     extra_holes: bool  # a group index or custom headers to fill
-    result_cls: Any
+    result_cls: Any  # called with the task id, as Celery's send_task calls result_cls
     ignored: Any
     add_to_parent: bool
     repr_maxsize: int
@@ -291,7 +292,10 @@ def _publish_unobserved() -> bool:
 
 def _plain_arguments(call: Call) -> bool:
     # Anything else makes Celery raise its own TypeError on the full path.
-    return isinstance(call.args, list | tuple | None) and isinstance(call.kwargs, Mapping | None)
+    args, kwargs = call.args, call.kwargs
+    return (type(args) is tuple or isinstance(args, list | tuple | None)) and (
+        type(kwargs) is dict or isinstance(kwargs, Mapping | None)
+    )
 
 
 def _quickable(options: Mapping[str, Any]) -> bool:
@@ -410,10 +414,10 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
     template = Template(
         name=call.name,
         holes=holes,
-        text=_format_text(pieces, holes),
+        pieces=pieces,
         header_names=header_names,
         extra_holes=bool(header_names) or "group_index" in holes,
-        result_cls=call.options.get("result_cls") or call.app.AsyncResult,
+        result_cls=_result_factory(call.options.get("result_cls") or call.app.AsyncResult),
         ignored=call.options.get("ignore_result"),
         add_to_parent=bool(call.options.get("add_to_parent", True)) and parent is not None,
         repr_maxsize=amqp.argsrepr_maxsize,
@@ -421,7 +425,28 @@ def _template(call: Call, made: Made, parent: Any) -> Template | None:
         repr_maxlevels=_repr_maxlevels(call.app),
     )
     encoded = {hole: serialization.dumps(value, "task options") for hole, value in first.items()}
-    return template if template.text.format_map(encoded) == text else None
+    return template if _text(template, encoded) == text else None
+
+
+def _result_factory(result_cls: Any) -> Any:
+    """What makes a call's AsyncResult: `result_cls` itself, or the same call made directly.
+
+    `delay()` passes the task's own `AsyncResult` method; unless a task class overrides it,
+    that method builds the app's result class with the task's backend and name, which is done
+    here without the two lookups of the app in between.
+    """
+    task = getattr(result_cls, "__self__", None)
+    if task is None or getattr(result_cls, "__func__", None) is not _TASK_ASYNC_RESULT:
+        return result_cls
+    klass, name = task._get_app().AsyncResult, task.name
+
+    def make(task_id: str) -> Any:
+        return klass(task_id, backend=task.backend, task_name=name)
+
+    return make
+
+
+_TASK_ASYNC_RESULT = celery.Task.AsyncResult
 
 
 # saferepr's own default: what Celery releases before the task_repr_maxlevels setting use.
@@ -433,10 +458,13 @@ def _repr_maxlevels(app: Any) -> int:
     return int(app.conf.get("task_repr_maxlevels", _SAFEREPR_MAXLEVELS))
 
 
-def _format_text(pieces: tuple[str, ...], holes: tuple[str, ...]) -> str:
-    escaped = [piece.replace("{", "{{").replace("}", "}}") for piece in pieces]
-    fields = [f"{{{hole}}}" for hole in holes]
-    return "".join(p + f for p, f in zip(escaped, [*fields, ""], strict=True))
+def _text(template: Template, values: Mapping[str, str]) -> str:
+    """The options text of one call: the template's pieces with the holes' values between."""
+    pieces = template.pieces
+    parts = [pieces[0]]
+    for hole, piece in zip(template.holes, pieces[1:], strict=True):
+        parts += (values[hole], piece)
+    return "".join(parts)
 
 
 def _split(text: str, header_count: int) -> tuple[tuple[str, ...] | None, tuple[str, ...]]:
@@ -474,14 +502,20 @@ def _scalar_repr(value: Any) -> str | None:
     return None
 
 
+_EMPTY_REPRS: dict[type, str] = {tuple: "()", list: "[]", dict: "{}"}
+
+
 def _flat_repr(value: Any) -> str | None:
     """saferepr() of a flat tuple, list or dict of plain scalars; None for anything else."""
     kind = type(value)
     if kind is dict:
-        items = [(_scalar_repr(k), _scalar_repr(v)) for k, v in value.items()]
-        if any(k is None or v is None for k, v in items):
-            return None
-        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+        items: list[str] = []
+        for key, item in value.items():
+            key_text, item_text = _scalar_repr(key), _scalar_repr(item)
+            if key_text is None or item_text is None:
+                return None
+            items.append(f"{key_text}: {item_text}")
+        return "{" + ", ".join(items) + "}"
     if kind is not tuple and kind is not list:
         return None
     parts = [_scalar_repr(v) for v in value]
@@ -501,7 +535,8 @@ def argsrepr(value: Any, maxlen: int, maxlevels: int) -> str:
     concatenation (tests compare the two on generated values); anything else is saferepr's.
     """
     if maxlevels >= 1:
-        text = _flat_repr(value)
+        # No positional (or keyword) arguments, as delay() often has: a constant.
+        text = _EMPTY_REPRS.get(type(value)) if not value else _flat_repr(value)
         if text is not None and len(text) < maxlen:
             return text
     return saferepr(value, maxlen, maxlevels=maxlevels)
@@ -511,17 +546,16 @@ def origin() -> str:
     """Celery's `origin` header for this process, JSON-encoded.
 
     anon_nodename() is made of the pid and the host name, which Celery reads once per
-    process (celery.utils.nodenames memoizes gethostname): one text per pid.
+    process (celery.utils.nodenames memoizes gethostname): one text per process, forgotten
+    in a forked child (which has a pid of its own).
     """
-    pid = os.getpid()
-    text = _origins.get(pid)
-    if text is None:
-        _origins.clear()
-        text = _origins[pid] = encode_basestring_ascii(anon_nodename())
-    return text
+    if not _origin:
+        _origin.append(encode_basestring_ascii(anon_nodename()))
+    return _origin[0]
 
 
-_origins: dict[int, str] = {}
+_origin: list[str] = []
+os.register_at_fork(after_in_child=_origin.clear)
 
 
 def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]:
@@ -552,8 +586,35 @@ def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]
     return values
 
 
+def _maybe_too_big(row: serialization.OutboxRow) -> bool:
+    """Whether the row may be over the size limit (see limits.message_size's quick bound).
+
+    The rest of what validate_row checks holds for every filled row: the task name passed it
+    with the shape's first call, a generated id is hex and dashes, and nothing is held.
+    """
+    limit = conf.max_message_bytes()
+    if limit is None:
+        return False
+    return (len(row.args) + len(row.kwargs) + len(row.options)) * MAX_BYTES_PER_CHARACTER > limit
+
+
+# The nibble after a UUID4's third dash holds its variant (binary 10xx): 8, 9, a or b.
+_VARIANT = dict(zip("0123456789abcdef", "89ab89ab89ab89ab", strict=True))
+
+
+def new_task_id() -> str:
+    """What Celery's `uuid()` gives a task without an id: a random UUID4 as text.
+
+    Formatted from 16 random bytes with the version and variant set, as `uuid.uuid4()` sets
+    them, without building the `uuid.UUID` object (most of the cost of `str(uuid4())`).
+    """
+    h = os.urandom(16).hex()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
+
+
 def _fill(template: Template, call: Call, parent: Any, settings: writeconf.WriteSettings) -> Made:
-    task_id = call.options.get("task_id") or uuid()
+    given = call.options.get("task_id")
+    task_id = given or new_task_id()
     args = call.args or ()
     kwargs = call.kwargs or {}
     row = serialization.OutboxRow(
@@ -561,7 +622,7 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
         task_name=template.name,
         args=serialization.dumps_args(args),
         kwargs=serialization.dumps_kwargs(kwargs),
-        options=template.text.format_map(_hole_values(template, call, task_id)),
+        options=_text(template, _hole_values(template, call, task_id)),
         context=serialization.dumps_context(
             context.capture(
                 settings.structlog_keys,
@@ -569,7 +630,8 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
             )
         ),
     )
-    serialization.validate_row(row)
+    if (given and "\x00" in given) or _maybe_too_big(row):
+        serialization.validate_row(row)  # raises the error single calls raise
     result = template.result_cls(task_id)
     result.ignored = template.ignored
     if template.add_to_parent:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
+from unittest import mock
 
+import psycopg
 import pytest
 from celery import group
-from django.db import transaction
+from django.db import DataError, OperationalError, connection, transaction
 
 from outbox_notify import OutboxCelery, bulk, rows
 from outbox_notify.app import RecordingProducer
 from outbox_notify.exceptions import SerializationError
 from outbox_notify.models import OutboxMessage
+from outbox_notify.serialization import OutboxRow
 from tests.celery_app import add, app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,9 +30,9 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     sizes: list[int] = []
     real = rows.insert_rows
 
-    def counting(batch: Any, alias: str, app: Any) -> None:
+    def counting(batch: Any, alias: str, app: Any, **kwargs: Any) -> None:
         sizes.append(len(batch))
-        real(batch, alias, app)
+        real(batch, alias, app, **kwargs)
 
     monkeypatch.setattr("outbox_notify.batching.insert_rows", counting)
     return sizes
@@ -178,3 +182,83 @@ def test_bulk_results_are_celerys_async_results() -> None:
     assert isinstance(second, type(first))
     assert isinstance(second, app.AsyncResult)
     assert {first.id, second.id} == set(OutboxMessage.objects.values_list("task_id", flat=True))
+
+
+def _bad_row() -> OutboxRow:
+    """A row PostgreSQL refuses (its args are not JSON): only the database can fail it."""
+    return OutboxRow(
+        task_id="bad-row", task_name="t", args="not json", kwargs="{}", options="{}", context="{}"
+    )
+
+
+def test_a_full_batch_is_written_while_the_block_goes_on() -> None:
+    """A full batch's COPY runs on a writer thread and ends before the block's next query."""
+    threads: list[str] = []
+    real_copy = psycopg.Cursor.copy
+
+    def recording(cursor: Any, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real_copy(cursor, *args, **kwargs)
+
+    with mock.patch.object(psycopg.Cursor, "copy", recording), bulk(batch_size=10):
+        results = [add.delay(i, i) for i in range(10)]
+        # The query waits for the batch: it sees all ten rows, not a part of them.
+        assert OutboxMessage.objects.count() == 10
+        results.append(add.delay(10, 10))
+    assert threads == ["outbox-notify-copy", threading.current_thread().name]
+    stored = set(OutboxMessage.objects.values_list("task_id", flat=True))
+    assert stored == {r.id for r in results}
+
+
+def test_a_savepoint_rolled_back_after_a_batch_keeps_the_batch() -> None:
+    """A nested atomic() that rolls back while a batch is being written leaves the batch."""
+    with bulk(batch_size=5):
+        for i in range(5):
+            add.delay(i, i)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            raise RuntimeError("undo only the savepoint")
+    assert OutboxMessage.objects.count() == 5
+
+
+def test_a_batch_the_database_refuses_raises_at_the_next_query_and_rolls_back() -> None:
+    """The COPY's error surfaces at the block's next query, noted; nothing is written."""
+    with pytest.raises(DataError) as raised, bulk(batch_size=2) as collector:
+        collector.add(_bad_row())
+        add.delay(1, 1)  # fills the batch: its COPY starts on the writer thread
+        OutboxMessage.objects.count()
+    assert "raised while writing 2 deferred outbox rows" in "".join(raised.value.__notes__)
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_refused_batch_raises_when_the_block_ends() -> None:
+    """With no query after it, the failed COPY raises at the end of the block instead."""
+    with pytest.raises(DataError), transaction.atomic():
+        with bulk(batch_size=2) as collector:
+            collector.add(_bad_row())
+            add.delay(1, 1)
+        pytest.fail("the block must not end normally")  # pragma: no cover
+    assert OutboxMessage.objects.count() == 0
+
+
+def test_a_refused_batch_undone_by_its_savepoint_leaves_the_outer_transaction_usable() -> None:
+    """The block raises while its refused COPY runs: its savepoint undoes it, the rest commits."""
+    with transaction.atomic():
+        add.delay(0, 0)
+        with pytest.raises(RuntimeError), bulk(batch_size=2) as collector:
+            collector.add(_bad_row())
+            add.delay(1, 1)  # its COPY starts on the writer thread and fails there
+            raise RuntimeError("the caller's own error, raised while the COPY runs")
+        add.delay(2, 2)
+        assert OutboxMessage.objects.count() == 2
+    assert sorted(row.args for row in OutboxMessage.objects.all()) == [[0, 0], [2, 2]]
+
+
+def test_closing_the_connection_while_a_batch_is_written_waits_for_it() -> None:
+    """connection.close() inside a block lets the running COPY end; the block fails as usual."""
+    with pytest.raises(OperationalError, match="the connection is closed"), bulk(batch_size=3):
+        for i in range(3):
+            add.delay(i, i)
+        connection.close()
+        add.delay(3, 3)
+        OutboxMessage.objects.count()
+    assert OutboxMessage.objects.count() == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -141,3 +142,36 @@ def test_relative_times_accept_numbers_and_timedeltas() -> None:
         "expires": 60.0,
     }
     assert serialization.relative_times({"expires": dt.datetime.now(dt.UTC)}) == {}
+
+
+quick_values = st.recursive(
+    json_scalars | st.floats() | st.datetimes() | st.uuids() | st.decimals(allow_nan=False),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(st.lists(quick_values, max_size=4) | st.dictionaries(st.text(), quick_values, max_size=4))
+def test_the_prebuilt_encoder_gives_kombus_text_and_errors(value: object) -> None:
+    """Task arguments encode to the same text, or the same SerializationError, both ways."""
+    assert serialization._ONE_SHOT is not None  # CPython has the C encoder
+    assert _outcome(serialization.dumps_quick, value) == _outcome(serialization.dumps, value)
+
+
+def _outcome(dumps: Any, value: object) -> str:
+    """The text `dumps` gives, or the message of the SerializationError it raises."""
+    try:
+        text: str = dumps(value, "task args")
+    except SerializationError as exc:
+        return f"error: {exc}"
+    return text
+
+
+def test_a_circular_argument_raises_kombus_error() -> None:
+    """The prebuilt encoder skips the circular check; the usual error is raised all the same."""
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(SerializationError, match="Circular reference detected"):
+        serialization.dumps_quick(loop, "task args")
