@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import psycopg
 import structlog
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -22,6 +23,20 @@ from django.db.backends.utils import CursorWrapper
 from outbox_notify import deferred, observability, signals
 from outbox_notify import sql as sql_files
 from outbox_notify.serialization import OutboxRow
+
+
+def _copy_holds_the_connection(version: str) -> bool:
+    """Whether psycopg's `cursor.copy()` keeps the connection's lock until the COPY ends
+    (3.3 and later; 3.2 releases it once the COPY has started, so another statement of the
+    same connection could reach the server in the middle of it)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return (major, minor) >= (3, 3)
+
+
+# A bulk block's full batches are written on a writer thread only where nothing else can
+# reach the connection while the COPY runs (deferred.py also waits for it before every
+# statement that goes through Django).
+BACKGROUND_COPY = _copy_holds_the_connection(psycopg.__version__)
 
 log = structlog.get_logger("outbox_notify")
 
@@ -56,7 +71,7 @@ def insert_rows(
     connection = connections[alias]
     deferred.flush(connection)  # rows enqueued earlier go first
     _warn_outside_transaction(connection, app, rows[0], count=len(rows))
-    if background and connection.in_atomic_block:
+    if background and BACKGROUND_COPY and connection.in_atomic_block:
         _copy_in_background(connection, rows)
     else:
         _copy(connection, rows)

@@ -184,6 +184,22 @@ def test_bulk_results_are_celerys_async_results() -> None:
     assert {first.id, second.id} == set(OutboxMessage.objects.values_list("task_id", flat=True))
 
 
+@pytest.fixture(params=[True, False] if rows.BACKGROUND_COPY else [False])
+def background(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Both ways a full batch is written: on the writer thread (psycopg 3.3 and later) and
+    inline, at the call that filled it (psycopg 3.2, or wherever the thread is not used)."""
+    monkeypatch.setattr(rows, "BACKGROUND_COPY", request.param)
+    return bool(request.param)
+
+
+def test_the_writer_thread_is_used_only_where_psycopg_keeps_the_connection_locked() -> None:
+    """psycopg 3.2's cursor.copy() lets go of the connection's lock once the COPY started."""
+    assert rows._copy_holds_the_connection("3.3.0")
+    assert rows._copy_holds_the_connection("3.10.1")
+    assert not rows._copy_holds_the_connection("3.2.10")
+    assert rows.BACKGROUND_COPY is rows._copy_holds_the_connection(psycopg.__version__)
+
+
 def _bad_row() -> OutboxRow:
     """A row PostgreSQL refuses (its args are not JSON): only the database can fail it."""
     return OutboxRow(
@@ -191,7 +207,7 @@ def _bad_row() -> OutboxRow:
     )
 
 
-def test_a_full_batch_is_written_while_the_block_goes_on() -> None:
+def test_a_full_batch_is_written_while_the_block_goes_on(background: bool) -> None:
     """A full batch's COPY runs on a writer thread and ends before the block's next query."""
     threads: list[str] = []
     real_copy = psycopg.Cursor.copy
@@ -205,12 +221,13 @@ def test_a_full_batch_is_written_while_the_block_goes_on() -> None:
         # The query waits for the batch: it sees all ten rows, not a part of them.
         assert OutboxMessage.objects.count() == 10
         results.append(add.delay(10, 10))
-    assert threads == ["outbox-notify-copy", threading.current_thread().name]
+    caller = threading.current_thread().name
+    assert threads == ["outbox-notify-copy" if background else caller, caller]
     stored = set(OutboxMessage.objects.values_list("task_id", flat=True))
     assert stored == {r.id for r in results}
 
 
-def test_a_savepoint_rolled_back_after_a_batch_keeps_the_batch() -> None:
+def test_a_savepoint_rolled_back_after_a_batch_keeps_the_batch(background: bool) -> None:
     """A nested atomic() that rolls back while a batch is being written leaves the batch."""
     with bulk(batch_size=5):
         for i in range(5):
@@ -220,17 +237,21 @@ def test_a_savepoint_rolled_back_after_a_batch_keeps_the_batch() -> None:
     assert OutboxMessage.objects.count() == 5
 
 
-def test_a_batch_the_database_refuses_raises_at_the_next_query_and_rolls_back() -> None:
-    """The COPY's error surfaces at the block's next query, noted; nothing is written."""
+def test_a_batch_the_database_refuses_raises_at_the_next_query_and_rolls_back(
+    background: bool,
+) -> None:
+    """The COPY's error surfaces at the block's next query (inline: at the call), noted on the
+    thread's; nothing is written."""
     with pytest.raises(DataError) as raised, bulk(batch_size=2) as collector:
         collector.add(_bad_row())
         add.delay(1, 1)  # fills the batch: its COPY starts on the writer thread
         OutboxMessage.objects.count()
-    assert "raised while writing 2 deferred outbox rows" in "".join(raised.value.__notes__)
+    if background:
+        assert "raised while writing 2 deferred outbox rows" in "".join(raised.value.__notes__)
     assert OutboxMessage.objects.count() == 0
 
 
-def test_a_refused_batch_raises_when_the_block_ends() -> None:
+def test_a_refused_batch_raises_when_the_block_ends(background: bool) -> None:
     """With no query after it, the failed COPY raises at the end of the block instead."""
     with pytest.raises(DataError), transaction.atomic():
         with bulk(batch_size=2) as collector:
@@ -240,11 +261,17 @@ def test_a_refused_batch_raises_when_the_block_ends() -> None:
     assert OutboxMessage.objects.count() == 0
 
 
-def test_a_refused_batch_undone_by_its_savepoint_leaves_the_outer_transaction_usable() -> None:
-    """The block raises while its refused COPY runs: its savepoint undoes it, the rest commits."""
+def test_a_refused_batch_undone_by_its_savepoint_leaves_the_outer_transaction_usable(
+    background: bool,
+) -> None:
+    """The block raises while its refused COPY runs: its savepoint undoes it, the rest commits
+    (inline, the COPY's own error ends the block the same way)."""
     with transaction.atomic():
         add.delay(0, 0)
-        with pytest.raises(RuntimeError), bulk(batch_size=2) as collector:
+        with (
+            pytest.raises(RuntimeError if background else DataError),
+            bulk(batch_size=2) as collector,
+        ):
             collector.add(_bad_row())
             add.delay(1, 1)  # its COPY starts on the writer thread and fails there
             raise RuntimeError("the caller's own error, raised while the COPY runs")
@@ -253,7 +280,7 @@ def test_a_refused_batch_undone_by_its_savepoint_leaves_the_outer_transaction_us
     assert sorted(row.args for row in OutboxMessage.objects.all()) == [[0, 0], [2, 2]]
 
 
-def test_closing_the_connection_while_a_batch_is_written_waits_for_it() -> None:
+def test_closing_the_connection_while_a_batch_is_written_waits_for_it(background: bool) -> None:
     """connection.close() inside a block lets the running COPY end; the block fails as usual."""
     with pytest.raises(OperationalError, match="the connection is closed"), bulk(batch_size=3):
         for i in range(3):
