@@ -122,7 +122,7 @@ class SavepointStore:
         """Django owns the connection."""
 
     @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[SavepointClaim]:
+    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[SavepointClaim]:
         """Claim rows inside a savepoint; an exception rolls the savepoint back."""
         with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
             cursor.execute(

@@ -135,6 +135,16 @@ SELECT
 -- session and the rows are free again. Transaction-local, so it is safe behind a pooler.
 SELECT set_config('idle_in_transaction_session_timeout', %(timeout_ms)s, true);
 
+-- name: set_claim_lock_wait
+-- A claim made while this relay already holds another one must not queue behind a lock
+-- request that waits for that other claim (a TRUNCATE, an ALTER TABLE, a migration): the
+-- relay would wait for itself. Transaction-local, and only for the claim itself.
+SELECT set_config('lock_timeout', %(wait)s, true);
+
+-- name: reset_claim_lock_wait
+-- After the claim: the finalising statements wait for locks as the session does.
+SET LOCAL lock_timeout TO DEFAULT;
+
 -- name: listen
 LISTEN outbox_notify_v1;
 

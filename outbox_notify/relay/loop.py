@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import enum
 import os
 import select
 import sys
@@ -58,7 +59,7 @@ from outbox_notify.relay.reporting import (
     Reporters,
     lag,
 )
-from outbox_notify.relay.store import ClaimedRow, OpenClaim, Peek, Store
+from outbox_notify.relay.store import ClaimedRow, ClaimWouldWait, OpenClaim, Peek, Store
 
 log = structlog.get_logger("outbox_notify")
 
@@ -83,6 +84,12 @@ class _InFlight:
         return any(m.spec.backend_calls for m in self.ready)
 
 
+class _Finalise(enum.Enum):
+    """claim_beside(): the batch in flight must be finalised before the next claim."""
+
+    FIRST = 1
+
+
 class Relay:
     """One relay process: owns a claim store, a listener (unless polling) and a publisher."""
 
@@ -95,6 +102,10 @@ class Relay:
     # Rows a drain must have found for the relay to linger rather than sleep. Below it, the
     # arrival rate is low enough that a NOTIFY per commit is cheap, and waking on it is faster.
     LINGER_THRESHOLD = 4
+    # Seconds a claim made beside the one in flight may wait for the table's lock before it
+    # gives up (a TRUNCATE or ALTER TABLE queued behind the claim in flight would otherwise
+    # wait for the relay, and the relay for it).
+    OVERLAP_LOCK_WAIT = 0.5
 
     def __init__(
         self,
@@ -275,38 +286,27 @@ class Relay:
         current: _InFlight | None = None
         try:
             while not self.stopping and (previous is None or previous.full):
-                if previous is not None and not self.may_overlap(previous):
-                    done, previous = previous, None
-                    if self.end_in_flight(done):
-                        return False
-                    continue
-                store = stores[turn]
-                self.touch_liveness()
-                self.sample_gauges(store)  # the connection with no claim open
-                if previous is None:
+                if previous is not None:
+                    claimed = self.claim_beside(stores[turn], previous)
+                    if claimed is _Finalise.FIRST:
+                        done, previous = previous, None
+                        if self.end_in_flight(done):
+                            return False
+                        continue
+                    current = claimed
+                else:
                     try:
-                        self.publisher.check()  # connect before claiming
+                        current = self.claim_alone(stores[turn])
                     except BrokerUnavailable as exc:
                         self._record_outage(0, str(exc))
                         return False
-                current = self.claim_in_flight(store)
                 if current is None:
                     break
                 turn ^= 1
-                if previous is not None and current.backend_calls:
-                    done, previous = previous, None
-                    if self.end_in_flight(done):
-                        done, current = current, None
-                        done.claiming.__exit__(None, None, None)  # released untouched
-                        return False
-                self.start_in_flight(current, None if previous is None else previous.claim_end)
-                if previous is not None:
-                    done, previous = previous, None
-                    if self.end_in_flight(done):
-                        done, current = current, None
-                        self.end_in_flight(done, breaker=False)
-                        return False
-                previous, current = current, None
+                both, previous, current = (previous, current), None, None  # advance() owns them
+                previous = self.advance(*both)
+                if previous is None:
+                    return False  # a broker outage ended both batches
             if previous is not None:
                 done, previous = previous, None
                 return not self.end_in_flight(done)
@@ -315,15 +315,61 @@ class Relay:
             self.abort_in_flight(exc, previous, current)
             raise
 
+    def claim_alone(self, store: Store) -> _InFlight | None:
+        """Claim with no batch in flight: gauges, the broker check (BrokerUnavailable), then
+        the claim; None when nothing is claimable."""
+        self.touch_liveness()
+        self.sample_gauges(store)  # never beside a claim: it could queue behind a lock request
+        self.publisher.check()  # connect before claiming
+        return self.claim_in_flight(store)
+
+    def claim_beside(self, store: Store, previous: _InFlight) -> _InFlight | _Finalise | None:
+        """Claim the next batch while `previous` is in flight, or say it must be finalised
+        first (_Finalise.FIRST): no room in its claim, a reconnect needed, or the table
+        locked for someone queued behind it."""
+        self.touch_liveness()
+        if not self.may_overlap(previous):
+            return _Finalise.FIRST
+        try:
+            return self.claim_in_flight(store, lock_wait=self.OVERLAP_LOCK_WAIT)
+        except ClaimWouldWait:
+            log.info("outbox.claim_would_wait", waited=self.OVERLAP_LOCK_WAIT)
+            return _Finalise.FIRST
+
+    def advance(self, previous: _InFlight | None, current: _InFlight) -> _InFlight | None:
+        """Start `current` and finalise `previous` (first, when `current` makes result-backend
+        calls: they have no deadline of their own, so never beside a claim). The batch now in
+        flight, or None after a broker outage (both ended). Ends what is open if it raises."""
+        left = [batch for batch in (previous, current) if batch is not None]  # still open
+        try:
+            if previous is not None and current.backend_calls:
+                left.remove(previous)
+                if self.end_in_flight(previous):
+                    left.remove(current)
+                    current.claiming.__exit__(None, None, None)  # released untouched
+                    return None
+                previous = None
+            self.start_in_flight(current, None if previous is None else previous.claim_end)
+            if previous is not None:
+                left.remove(previous)
+                if self.end_in_flight(previous):
+                    left.remove(current)
+                    self.end_in_flight(current, breaker=False)
+                    return None
+            return current
+        except BaseException as exc:
+            self.abort_in_flight(exc, *left)
+            raise
+
     def may_overlap(self, previous: _InFlight) -> bool:
         """Whether the next batch may be started while `previous` awaits its outcome."""
         left = previous.claim_end - self.clock.monotonic()
         return left >= self.config.step_worst_case and can_overlap(self.publisher)
 
-    def claim_in_flight(self, store: Store) -> _InFlight | None:
+    def claim_in_flight(self, store: Store, lock_wait: float | None = None) -> _InFlight | None:
         """Claim a batch and prepare its messages; None when nothing was claimable."""
         started = self.clock.monotonic()
-        claiming = store.claim(self.config.batch_size)
+        claiming = store.claim(self.config.batch_size, lock_wait=lock_wait)
         claim = claiming.__enter__()
         try:
             if not claim.rows:

@@ -94,6 +94,10 @@ class QueueGauges:
     oldest_seconds: float
 
 
+class ClaimWouldWait(Exception):
+    """A claim made beside another open claim found the table locked (see claim())."""
+
+
 class OpenClaim(Protocol):
     """The rows of one open claim, and the way to end it (rows not named are released)."""
 
@@ -108,7 +112,9 @@ class Store(Protocol):
 
     def connect(self) -> None: ...
     def close(self) -> None: ...
-    def claim(self, limit: int) -> contextlib.AbstractContextManager[OpenClaim]: ...
+    def claim(
+        self, limit: int, *, lock_wait: float | None = None
+    ) -> contextlib.AbstractContextManager[OpenClaim]: ...
     def peek(self) -> Peek: ...
     def queue_gauges(self) -> QueueGauges: ...
     def send_probe(self, payload: str) -> None: ...
@@ -167,17 +173,33 @@ class ClaimStore:
         return self.conn
 
     @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[Claim]:
-        """Claim up to `limit` rows; the claim lasts until the block ends (commit or rollback)."""
+    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[Claim]:
+        """Claim up to `limit` rows; the claim lasts until the block ends (commit or rollback).
+
+        `lock_wait` (seconds), for a claim made while this relay holds another one: if the
+        table stays locked that long (a lock request such as TRUNCATE or ALTER TABLE queued
+        behind the other claim), give up and raise ClaimWouldWait instead of waiting for it.
+        """
         conn = self._connection()
-        with translated("claiming a batch"):
-            with conn.pipeline():
+        try:
+            with translated("claiming a batch"), conn.pipeline():
                 conn.execute(
                     self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
                 )
+                if lock_wait is not None:
+                    wait = str(max(1, int(lock_wait * 1000)))
+                    conn.execute(self.queries["set_claim_lock_wait"], {"wait": wait})
                 cursor = conn.execute(
                     self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
                 )
+                if lock_wait is not None:  # the finalising statements wait as usual
+                    conn.execute(self.queries["reset_claim_lock_wait"])
+        except DatabaseUnavailable as exc:
+            if isinstance(exc.__cause__, pg_errors.LockNotAvailable) and not conn.broken:
+                self.rollback()
+                raise ClaimWouldWait(str(exc.__cause__)) from exc
+            raise
+        with translated("claiming a batch"):
             # Columns come in ClaimedRow's field order (see claim_batch in sql/queries.sql).
             rows = [ClaimedRow(*values) for values in cursor.fetchall()]
         claim = Claim(self, rows)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,15 +13,17 @@ from typing import Any
 
 import amqp
 import celery
+import psycopg
 import pytest
 from django.db import connection, transaction
 from kombu import Exchange
 
 from outbox_notify.models import DeadLetter, OutboxMessage
-from outbox_notify.relay import messages
+from outbox_notify.relay import messages, runner
 from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
 from outbox_notify.relay.publisher import KombuPublisher, Result
+from outbox_notify.relay.store import ClaimStore, ClaimWouldWait
 from tests.celery_app import add
 from tests.integration.test_fast_path import claimed
 from tests.integration.test_relay import FAST, ready
@@ -247,3 +250,85 @@ def test_a_message_that_breaks_the_connection_is_found_with_two_batches_in_fligh
     assert {i: r for i, r in outcome.items() if i != 3} == dict.fromkeys(
         [1, 2, 4, 5, 11, 12, 13, 14, 15], Result.PUBLISHED
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_beside_another_gives_up_on_a_table_locked_behind_it() -> None:
+    """A lock request queued behind one claim (TRUNCATE, ALTER TABLE, a migration) makes a
+    second claim of the same relay give up after lock_wait instead of queueing behind it:
+    waiting there, the relay would wait for itself, and so would the lock request."""
+    params = runner.connection_kwargs("default")
+    first, second = (ClaimStore(params, stale_timeout=30) for _ in range(2))
+    first.connect()
+    second.connect()
+    locked = threading.Event()
+    errors: list[BaseException] = []
+
+    def lock_table() -> None:
+        try:
+            with psycopg.connect(**params, autocommit=False) as conn:
+                conn.execute("SET lock_timeout = '20s'")
+                conn.execute("LOCK TABLE outbox_notify_message_v1 IN ACCESS EXCLUSIVE MODE")
+                locked.set()
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    try:
+        with first.claim(10):
+            locker = threading.Thread(target=lock_table)
+            locker.start()
+            time.sleep(0.5)  # the LOCK is queued behind the first claim
+            started = time.monotonic()
+            with pytest.raises(ClaimWouldWait), second.claim(10, lock_wait=0.3):
+                pytest.fail("the claim must not be granted while the LOCK waits")
+            assert time.monotonic() - started < 5
+            assert not locked.is_set()
+        locker.join(timeout=10)  # the first claim ended: the LOCK goes ahead
+        assert locked.is_set(), errors
+        with second.claim(10) as claim:  # the table is free again: claims as usual
+            assert claim.rows == []
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_relay_draining_two_batches_at_a_time_lets_a_table_lock_through(
+    broker: amqp.Channel,
+    start_relay: Any,
+    relay_env: dict[str, Any],
+    amqp_url: str,
+    queue_name: str,
+) -> None:
+    """ACCESS EXCLUSIVE locks taken again and again on the outbox table while the relay
+    drains a backlog in small batches: each is granted within seconds (none waits for a relay
+    that waits for it), and every task still arrives once."""
+    broker.queue_declare(queue_name, durable=True, auto_delete=False)
+    relay = start_relay(
+        "--batch-size", "5", *FAST, env=dict(relay_env, OUTBOX_TEST_BROKER_URL=amqp_url)
+    )
+    params = runner.connection_kwargs("default")
+    try:
+        ready(relay)
+        with transaction.atomic():
+            ids = [add.apply_async((n, n), queue=queue_name).id for n in range(3000)]
+        waits = []
+        with psycopg.connect(**params, autocommit=True) as conn:
+            conn.execute("SET lock_timeout = '10s'")
+            for _ in range(15):
+                started = time.monotonic()
+                with conn.transaction():
+                    conn.execute("LOCK TABLE outbox_notify_message_v1 IN ACCESS EXCLUSIVE MODE")
+                waits.append(time.monotonic() - started)
+                time.sleep(0.05)
+        assert max(waits) < 5, waits
+        arrived: list[str] = []
+
+        def all_arrived() -> bool:
+            arrived.extend(_ids(broker, queue_name))
+            return len(arrived) >= len(ids)
+
+        wait_for(all_arrived, what="every task", context=relay.output)
+        assert Counter(arrived) == Counter(ids)
+    finally:
+        broker.queue_delete(queue_name)

@@ -62,7 +62,7 @@ class FakeStore:
     def close(self) -> None: ...
 
     @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[FakeClaim]:
+    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[FakeClaim]:
         self.claims += 1
         claim = FakeClaim(self.rows[:limit])
         yield claim

@@ -19,7 +19,7 @@ from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, PublishDeadline, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, QueueGauges
+from outbox_notify.relay.store import ClaimedRow, ClaimWouldWait, Outcome, QueueGauges
 from tests.unit.fakes import OPTIONS, FakeClaim, FakeClock, RecordingMetrics, row
 
 
@@ -31,6 +31,7 @@ class Table:
         self.held: dict[str, set[int]] = {}
         self.log: list[str] = []
         self.fail_finish_of: int | None = None  # the claim number whose finish breaks
+        self.locked_for = 0  # claims made beside another that find the table locked
 
 
 class SharedStore:
@@ -45,8 +46,12 @@ class SharedStore:
     def close(self) -> None: ...
 
     @contextlib.contextmanager
-    def claim(self, limit: int) -> Iterator[FakeClaim]:
+    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[FakeClaim]:
         table = self.table
+        if table.locked_for and lock_wait is not None:
+            table.log.append(f"claim {self.name} would wait")
+            table.locked_for -= 1
+            raise ClaimWouldWait("lock timeout")
         others = set().union(*(ids for name, ids in table.held.items() if name != self.name))
         rows = [r for r in table.rows if r.id not in others][:limit]
         table.held[self.name] = {r.id for r in rows}
@@ -373,9 +378,9 @@ class GaugedStore(SharedStore):
         return QueueGauges(depth=len(self.table.rows), oldest_seconds=0.0)
 
 
-def test_gauges_are_sampled_on_the_connection_without_an_open_claim() -> None:
-    """With metrics on, a drain longer than the gauge interval samples between batches while
-    the other connection holds a claim: never on that one."""
+def test_gauges_are_never_sampled_beside_an_open_claim() -> None:
+    """With metrics on, gauges are read only when no claim is open (a gauge query beside a
+    claim could queue behind a lock request that waits for that claim)."""
     table = Table(9)
     relay = Relay(
         RelayConfig(batch_size=2),
@@ -386,7 +391,26 @@ def test_gauges_are_sampled_on_the_connection_without_an_open_claim() -> None:
         clock=FakeClock(),
         metrics=RecordingMetrics(),
     )
-    relay.GAUGE_INTERVAL = 0.0  # sample before every claim
+    relay.GAUGE_INTERVAL = 0.0  # sample whenever the drain may
     assert relay.drain() is True
     assert table.rows == []
-    assert "gauges b" in table.log
+    assert "gauges a" in table.log
+
+
+def test_a_claim_that_would_wait_for_the_table_finalises_the_one_in_flight_first() -> None:
+    """A TRUNCATE queued behind the claim in flight locks the table for the next claim: it
+    gives up instead of waiting (the relay would wait for itself), the claim in flight is
+    finalised, and claiming goes on one batch at a time until the table is free."""
+    table = Table(5)
+    table.locked_for = 1
+    overlapped(table, OverlappingPublisher(table, published())).drain()
+    assert table.log[:7] == [
+        "claim a [1, 2]",
+        "write [1, 2]",
+        "claim b would wait",
+        "confirms [1, 2]",
+        "commit a [1, 2]",
+        "claim b [3, 4]",
+        "write [3, 4]",
+    ]
+    assert table.rows == []
