@@ -302,7 +302,7 @@ class AmqpConfirmPublisher:
         if session.batches and any(self._undeclared(session, m) for m in messages):
             # A declaration reads the connection: await the groups in flight first.
             for batch in list(session.batches):
-                self._settle_group(session, batch, batch.end)
+                self._settle_group(session, batch)
             if self.session is not session:
                 return Done(
                     [Attempt(Result.OUTAGE, "the broker connection was lost")] * len(messages)
@@ -496,7 +496,6 @@ class AmqpConfirmPublisher:
             messages=messages,
             batch=batch,
             attempts=attempts,
-            end=batch.end,
         )
         try:
             self._write(session, messages, group, batch, write_end)
@@ -512,11 +511,10 @@ class AmqpConfirmPublisher:
         messages: Sequence[OutgoingMessage],
         batch: _Batch,
         attempts: list[Attempt],
-        end: float,
     ) -> None:
-        """Await a written group's confirms until `end`; fill in its messages' attempts."""
+        """Await a written group's confirms until its end; fill in its messages' attempts."""
         try:
-            self._settle_group(session, batch, end)
+            self._settle_group(session, batch)
         finally:
             _forget(session, batch)
         for (index, *_), result in zip(batch.sent, batch.results, strict=True):
@@ -532,14 +530,14 @@ class AmqpConfirmPublisher:
                 ]
             )
 
-    def _settle_group(self, session: _Session, batch: _Batch, end: float) -> None:
-        """Read confirms until the group is settled or `end` passes (a loss settles it too)."""
+    def _settle_group(self, session: _Session, batch: _Batch) -> None:
+        """Read confirms until the group is settled or its end passes (a loss settles it too)."""
         try:
             if batch.open and self.session is not session:
                 # Abandoned meanwhile (another group's timeout).
                 batch.close_open(Attempt(Result.OUTAGE, "the broker connection was lost"))
             elif batch.open:
-                self._await(session, batch, end)
+                self._await(session, batch, batch.end)
         except ChannelError as exc:
             self._channel_lost(session, exc)
         except self.general.outage_errors as exc:
@@ -681,22 +679,18 @@ class _InFlight:
         messages: Sequence[OutgoingMessage],
         batch: _Batch,
         attempts: list[Attempt],
-        end: float,
     ) -> None:
         self.owner = owner
         self.session = session
         self.messages = messages
         self.batch = batch
         self.attempts = attempts
-        self.end = end  # monotonic: when its confirms must have come
         self.done = False
 
     def wait(self) -> list[Attempt]:
         if not self.done:
             self.done = True
-            self.owner._finish_group(
-                self.session, self.messages, self.batch, self.attempts, self.end
-            )
+            self.owner._finish_group(self.session, self.messages, self.batch, self.attempts)
         return self.attempts
 
     def cancel(self) -> None:
