@@ -134,6 +134,7 @@ class Relay:
         self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)
         self.polling = listener is None or config.poll_only
         self.stop_requested_at: float | None = None
+        self.stop_announced = False
         self.connected = False
         self.next_gauges = 0.0
         self.next_touch = 0.0
@@ -142,14 +143,23 @@ class Relay:
     # -- lifecycle -------------------------------------------------------------------------
 
     def request_stop(self) -> None:
-        """Stop claiming; finish the batch in hand within shutdown_timeout, then return."""
+        """Stop claiming; finish the batch in hand within shutdown_timeout, then return.
+
+        Called from the SIGTERM handler, which runs between two bytecodes of the main thread,
+        possibly while that thread holds a lock (structlog's PrintLogger writes under one that
+        is not reentrant): so it only records the time. `stopping` logs it, from the loop.
+        """
         if self.stop_requested_at is None:
             self.stop_requested_at = self.clock.monotonic()
-            log.info("outbox.relay_stopping", shutdown_timeout=self.config.shutdown_timeout)
 
     @property
     def stopping(self) -> bool:
-        return self.stop_requested_at is not None
+        if self.stop_requested_at is None:
+            return False
+        if not self.stop_announced:
+            self.stop_announced = True
+            log.info("outbox.relay_stopping", shutdown_timeout=self.config.shutdown_timeout)
+        return True
 
     def run(self) -> None:
         """Run until request_stop(); reconnects on its own after database failures."""
