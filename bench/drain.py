@@ -11,6 +11,7 @@ is a private one (redis-server; RabbitMQ's beam.smp).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import subprocess
 import time
@@ -34,14 +35,29 @@ QUICK_CAP = 6.0
 DEPTH_POLL = 0.01  # seconds between two reads of the queue's depth
 PROFILE_BACKLOG = 30_000
 PROFILE_RATE = 250  # py-spy samples per second
+DEFAULT_BATCH = 100  # our relay's default --batch-size
+# On RabbitMQ our relays drain again at a larger --batch-size (docs/deploy.md, "Batch size"):
+# each batch waits once for its confirms, so there the batch size sets the rate.
+AMQP_BATCH = 2_000
 
 
 def run(world: World) -> dict[str, Any]:
-    """1 relay for each library in turn, then 2 relays for each library in turn."""
+    """1 relay for each library in turn, then 2 relays for each library in turn; on RabbitMQ
+    then ours again, 1 and 2 relays, at AMQP_BATCH."""
     backlog = QUICK_BACKLOG if world.quick else BACKLOG
     rows = [
         one_drain(world, side, relays, backlog) for relays in RELAY_COUNTS for side in world.sides
     ]
+    if world.broker.key == "rabbitmq":
+        ours = next((side for side in world.sides if side.key == "ours"), None)
+        if ours is not None:
+            larger = dataclasses.replace(
+                ours, command=(*ours.command, "--batch-size", str(AMQP_BATCH))
+            )
+            rows += [
+                one_drain(world, larger, relays, backlog, batch_size=AMQP_BATCH)
+                for relays in RELAY_COUNTS
+            ]
     return {
         "broker": world.broker.key,
         "backlog": backlog,
@@ -77,8 +93,11 @@ def _per_message(before: float | None, after: float | None, count: int) -> float
     return (after - before) / count * 1e6
 
 
-def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, Any]:
-    """Time one backlog through `count` relays of one library."""
+def one_drain(
+    world: World, side: Side, count: int, backlog: int, *, batch_size: int | None = None
+) -> dict[str, Any]:
+    """Time one backlog through `count` relays of one library; `batch_size` is recorded for
+    a relay started with a --batch-size other than its default (None)."""
     db.reset(world, side)
     # SIGKILL at the end: after a capped drain, a graceful stop would first drain the rest
     # (django-celery-outbox keeps publishing for up to its 30 s shutdown timeout).
@@ -86,7 +105,7 @@ def one_drain(world: World, side: Side, count: int, backlog: int) -> dict[str, A
         time.sleep(QUICK_SETTLE if world.quick else SETTLE)
         timing = timed_drain(world, side, relays, backlog)
     db.reset(world, side)
-    return {"side": side.key, "relays": count, **timing}
+    return {"side": side.key, "relays": count, "batch_size": batch_size, **timing}
 
 
 def _poll_depth(depth: Callable[[], int], target: int, deadline: float) -> tuple[float, float]:

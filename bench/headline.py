@@ -53,7 +53,7 @@ def _latency(result: dict[str, Any]) -> list[Line]:
 def _drain(result: dict[str, Any]) -> list[Line]:
     lines = []
     for relays in (1, 2):
-        ours, peer = _pair(result["rows"], "per_s", relays=relays)
+        ours, peer = _pair(result["rows"], "per_s", relays=relays, batch_size=None)
         lines.append(
             (
                 f"drain, {relays} relay{'s' * (relays > 1)} (msg/s)",
@@ -62,11 +62,23 @@ def _drain(result: dict[str, Any]) -> list[Line]:
                 _versus(ours, peer),
             )
         )
+    for row in result["rows"]:
+        if row.get("batch_size") is not None:
+            relays = row["relays"]
+            lines.append(
+                (
+                    f"drain, {relays} relay{'s' * (relays > 1)}, ours at --batch-size "
+                    f"{row['batch_size']:,} (msg/s)",
+                    num(row["per_s"]),
+                    "",
+                    "",
+                )
+            )
     for field, what in (
         ("relay_cpu_us_per_msg", "relay CPU per message (1 relay)"),
         ("broker_cpu_us_per_msg", "broker CPU per message (1 relay)"),
     ):
-        ours, peer = _pair(result["rows"], field, relays=1)
+        ours, peer = _pair(result["rows"], field, relays=1, batch_size=None)
         if ours is not None or peer is not None:
             lines.append((what, f"{num(ours)} µs", f"{num(peer)} µs", _versus(ours, peer)))
     return lines

@@ -126,13 +126,17 @@ def drain(result: dict[str, Any], sides: Sides) -> str:
     rows = []
     for relays in (1, 2):
         for key, label in sides.items():
-            r = _by(result["rows"], side=key, relays=relays)
+            r = _by(result["rows"], side=key, relays=relays, batch_size=None)
             if r is not None:
                 rows.append(_drain_row(r, relays, label))
-        ours = _by(result["rows"], side="ours", relays=relays)
-        peer = _by(result["rows"], side="peer", relays=relays)
+        ours = _by(result["rows"], side="ours", relays=relays, batch_size=None)
+        peer = _by(result["rows"], side="peer", relays=relays, batch_size=None)
         if ours and peer:
             rows.append(_drain_ratio(ours, peer, relays))
+    for r in result["rows"]:
+        if r.get("batch_size") is not None:
+            label = f"{sides.get(r['side'], r['side'])}, `--batch-size {r['batch_size']:,}`"
+            rows.append(_drain_row(r, r["relays"], label))
     header = [
         "relays",
         "library",
