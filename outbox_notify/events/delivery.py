@@ -26,7 +26,6 @@ import heapq
 import itertools
 import math
 import socket
-import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -63,6 +62,7 @@ MAX_REASON = 1000  # characters of a reason kept in a header
 # onto their queue only when a wait ends with nothing read, which a wait as long as the BRPOP
 # itself rarely does (kombu 5.7).
 POLL = 0.5
+STOP_CHECK = 0.1  # seconds: how soon a pause notices a stop request
 OUTAGE_COOLDOWN = 2.0  # seconds between attempts to reach a broker or database that is down
 # runs of one message that lost their database session while the database answered, kept in
 # hand as an outage before the next one counts as the handler's failure (see deliver())
@@ -89,16 +89,31 @@ class Runner:
         self.consumer = consumer
         self.outage_cooldown = outage_cooldown
         self.clock = clock
-        self._stop = threading.Event()
+        self._stop_requested = False
         self._sequence = itertools.count()
 
     def request_stop(self) -> None:
-        """Ask the loop to stop after the message in hand (safe from a signal handler)."""
-        self._stop.set()
+        """Ask the loop to stop after the message in hand.
+
+        Called from the SIGTERM handler, which runs between two bytecodes of the main thread:
+        so it only sets a flag. (A threading.Event takes a lock that is not reentrant, which
+        that thread may hold at that moment inside Event.wait: set() would then wait forever.)
+        """
+        self._stop_requested = True
 
     @property
     def stopping(self) -> bool:
-        return self._stop.is_set()
+        return self._stop_requested
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep up to `seconds`; True as soon as a stop is requested (within STOP_CHECK)."""
+        end = time.monotonic() + seconds
+        while not self._stop_requested:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, STOP_CHECK))
+        return True
 
     def connection(self) -> kombu.Connection:
         """A kombu connection to the consumer's broker (confirms on for AMQP)."""
@@ -129,7 +144,7 @@ class Runner:
                     self._session(connection)
             except outages as exc:
                 log.warning("outbox.consumer_broker_unavailable", error=_one_line(exc))
-                self._stop.wait(self.outage_cooldown)
+                self.pause(self.outage_cooldown)
         log.info("outbox.consumer_stopped", consumer=self.consumer.name)
 
     def _session(self, connection: kombu.Connection) -> None:
@@ -222,7 +237,7 @@ class _Session:
                 if lost_while_up >= LOST_SESSIONS_IN_HAND:
                     break
             log.warning("outbox.consumer_database_unavailable", error=result.reason)
-            if self.runner._stop.wait(self.runner.outage_cooldown):
+            if self.runner.pause(self.runner.outage_cooldown):
                 return  # stopping: unacknowledged, the broker delivers it again
         self.settle(message, result)
 
