@@ -189,6 +189,7 @@ def test_wheel_installs_migrates_and_notifies(
         names = set(archive.namelist())
     assert {f"outbox_notify/sql/{name}" for name in SQL_FILES} <= names
     assert "outbox_notify/py.typed" in names
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)  # MIT
 
     python = _install_into_fresh_venv(wheel, tmp_path / "venv")
     _write_project(tmp_path / "project", pg_server_url, wheel_database)
@@ -222,6 +223,7 @@ SDIST_TOP = {
     ".gitignore",
     "README.md",
     "CHANGELOG.md",
+    "LICENSE",
     "Makefile",
     "noxfile.py",
     "constraints",
