@@ -213,6 +213,8 @@ def _plans(url: str, held: int) -> dict[str, list[str]]:
         with psycopg.connect(url) as conn:
             conn.execute(READY_ROWS, {"rows": 1000, "queue": QUEUE, "round": "plan"})
             conn.execute("ANALYZE outbox_notify_message_v1")
+            if query is new:  # in the transaction's settings the relay claims with
+                conn.execute(sql.queries()["set_claim_timeout"], {"timeout_ms": "30000"})
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY ON) " + query, params
             ).fetchall()

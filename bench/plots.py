@@ -90,7 +90,7 @@ def _drain_panel(report: dict[str, Any]) -> Any:
         for n in (1, 2):
             groups.append(f"{label}\n{n} relay{'s' * (n > 1)}")
             for key in report["sides"]:
-                heights[key].append(_value(rows, "per_s", side=key, relays=n))
+                heights[key].append(_value(rows, "per_s", side=key, relays=n, batch_size=None))
     if not groups:
         return None
     series = [(label, COLOURS[k], heights[k]) for k, label in report["sides"].items()]

@@ -95,9 +95,10 @@ NOTES = {
         "stime from /proc: of the relay processes, of the whole PostgreSQL process tree "
         "(backends that exited included) when the server is private, and of the broker's server "
         "process when it is private (`redis-server`; RabbitMQ's `beam.smp`, all its threads). "
-        "On RabbitMQ our relays drain once more at `--batch-size 2,000` (the rows that name it): "
-        "each batch waits once for its publisher confirms, with the next batch already written, "
-        "so there the batch size sets the rate (docs/deploy.md, 'Batch size').\n"
+        "Rows that name a `--batch-size` are our relays draining again at that batch size (on "
+        "RabbitMQ, where each batch waits once for its publisher confirms with the next batch "
+        "already written, so there the batch size sets the rate: docs/deploy.md, 'Batch "
+        "size').\n"
     ),
     "writers": (
         "\npgbench clients each commit one outbox row per transaction (the same realistic row as "

@@ -136,7 +136,7 @@ SELECT
 -- The planner settings, also transaction-local, make the claim read its two indexes in order
 -- whatever the table's statistics say (and the finalising statements find rows by primary
 -- key, which they do anyway). An outbox table is analysed while it is nearly empty, or not
--- yet at all (a new install, a burst): the planner then guesses a thousand ready rows or so,
+-- yet at all (a new install, a burst): the planner then guesses a few hundred ready rows,
 -- and a claim of more rows than it guesses became a scan of the whole table and an on-disk
 -- sort of every row, at every claim, until autovacuum analysed the table again (270 ms for a
 -- batch of 2,000 out of 100,000 fresh rows, against 11 ms by the index).

@@ -147,18 +147,26 @@ class Relay:
 
         Called from the SIGTERM handler, which runs between two bytecodes of the main thread,
         possibly while that thread holds a lock (structlog's PrintLogger writes under one that
-        is not reentrant): so it only records the time. `stopping` logs it, from the loop.
+        is not reentrant): so it only records the time. announce_stop() logs it, from the loop.
         """
         if self.stop_requested_at is None:
             self.stop_requested_at = self.clock.monotonic()
+
+    def announce_stop(self) -> None:
+        """Log a requested stop once (outbox.relay_stopping), from the loop, never a handler."""
+        if self.stop_requested_at is not None and not self.stop_announced:
+            self.stop_announced = True
+            log.info(
+                "outbox.relay_stopping",
+                shutdown_timeout=self.config.shutdown_timeout,
+                since_signal=round(self.clock.monotonic() - self.stop_requested_at, 3),
+            )
 
     @property
     def stopping(self) -> bool:
         if self.stop_requested_at is None:
             return False
-        if not self.stop_announced:
-            self.stop_announced = True
-            log.info("outbox.relay_stopping", shutdown_timeout=self.config.shutdown_timeout)
+        self.announce_stop()
         return True
 
     def run(self) -> None:
@@ -186,6 +194,7 @@ class Relay:
                     # Still alive while the database is away: a restart would not help.
                     self.touch_liveness()
         finally:
+            self.announce_stop()
             self.disconnect()
             self.publisher.close()
             log.info("outbox.relay_stopped")

@@ -5,7 +5,7 @@ a new install). When a burst then arrives, the planner guesses a few hundred rea
 a claim of more rows than it guesses used to become a scan of the whole table and a sort of
 every row, at every claim until the next analyse: 270 ms per claim of 2,000 out of 100,000
 fresh rows instead of 11 ms (RabbitMQ drain, `python -m devtools.amqp_drain --backlog 100000
---batch-size 2000`: 7,100 msg/s before, 13,200-13,900 after).
+--batch-size 2000`: 6,400-7,200 msg/s before, 13,200-13,900 after).
 
 The plan is read from the claim connection itself with auto_explain, which reports every
 statement's plan to the client as a NOTICE: so this is the claim as the relay runs it.

@@ -72,7 +72,7 @@ def test_sigterm_while_the_relay_writes_a_log_line_stops_it() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=15,
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -94,3 +94,18 @@ def test_request_stop_only_records_and_the_loop_logs_it_once() -> None:
         assert relay.stopping
         assert relay.stopping
     assert [entry["event"] for entry in logs] == ["outbox.relay_stopping"]
+    assert logs[0]["since_signal"] == 0  # the fake clock did not move
+
+
+def test_a_stop_the_loop_never_looked_at_is_logged_before_the_relay_ends() -> None:
+    """outbox_sweep's drain may end without reading `stopping` again after the signal."""
+    clock = FakeClock()
+    relay = Relay(
+        RelayConfig(), store=FakeStore([]), listener=None, publisher=publishes_all(), clock=clock
+    )
+    relay.request_stop()
+    clock.now += 2.5
+    with structlog.testing.capture_logs() as logs:
+        relay.announce_stop()
+        relay.announce_stop()
+    assert [(e["event"], e["since_signal"]) for e in logs] == [("outbox.relay_stopping", 2.5)]

@@ -45,5 +45,6 @@ class Command(BaseCommand):
                             "the broker became unreachable during the sweep; rows left for the next run"
                         )
                 finally:
+                    relay.announce_stop()  # a signal the drain did not look at again
                     relay.disconnect()
                     relay.publisher.close()
