@@ -35,7 +35,6 @@ QUICK_CAP = 6.0
 DEPTH_POLL = 0.01  # seconds between two reads of the queue's depth
 PROFILE_BACKLOG = 30_000
 PROFILE_RATE = 250  # py-spy samples per second
-DEFAULT_BATCH = 100  # our relay's default --batch-size
 # On RabbitMQ our relays drain again at a larger --batch-size (docs/deploy.md, "Batch size"):
 # each batch waits once for its confirms, so there the batch size sets the rate.
 AMQP_BATCH = 2_000
