@@ -13,10 +13,12 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import structlog
 from django.db import OperationalError, connections, transaction
+from psycopg import generators, pq
 
-from outbox_notify import conf, stats
+from outbox_notify import conf, deferred, rows, stats
 from outbox_notify import sql as sql_files
 from outbox_notify.deadletter import PurgeResult
 from outbox_notify.exceptions import ConfigurationError, OnceKeyError
@@ -28,6 +30,10 @@ log = structlog.get_logger("outbox_notify")
 MAX_KEY_LENGTH = 255
 CHUNK_SIZE = 5_000  # keys deleted per purge transaction
 SERIALIZATION_FAILURE = "40001"  # SQLSTATE
+_IDLE = pq.TransactionStatus.IDLE
+# psycopg's own wait loop for a query sent through libpq: used by psycopg for its statements
+# but not documented, so a release without it makes record() send the key on its own.
+_EXECUTE = getattr(generators, "execute", None)
 
 __all__ = ["MAX_KEY_LENGTH", "InboxStats", "OnceKey", "PurgeResult", "checked_key"]
 
@@ -92,16 +98,76 @@ def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bo
     """Insert the key on this Django connection; False when it is committed already.
 
     Waits while another open transaction holds the same key, then answers for the outcome.
+    Called first in a transaction that has sent nothing yet, it sends `BEGIN` and the insert
+    in one round trip (`_record_with_begin`); otherwise the insert goes alone.
     """
     params = {"scope": key.scope, "key": key.key, "task_id": task_id, "task_name": task_name}
-    with connection.cursor() as cursor:
-        try:
+    try:
+        fused = _record_with_begin(connection, params)
+        if fused is not None:
+            return fused
+        with connection.cursor() as cursor:
             cursor.execute(queries()["record_key"], params)
-        except OperationalError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
-                raise KeyConflict() from exc
-            raise
-        return bool(cursor.rowcount == 1)
+            return bool(cursor.rowcount == 1)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
+            raise KeyConflict() from exc
+        raise
+
+
+def _begin_command(raw: psycopg.Connection[Any]) -> str:
+    """The BEGIN psycopg would send for this connection (its isolation, read-only, deferrable)."""
+    parts = ["BEGIN"]
+    if raw.isolation_level is not None:
+        level = psycopg.IsolationLevel(raw.isolation_level).name.replace("_", " ")
+        parts.append(f"ISOLATION LEVEL {level}")
+    if raw.read_only is not None:
+        parts.append("READ ONLY" if raw.read_only else "READ WRITE")
+    if raw.deferrable is not None:
+        parts.append("DEFERRABLE" if raw.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
+def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
+    """`BEGIN; INSERT <key>` as one simple query; None where that cannot be done.
+
+    psycopg sends `BEGIN` before a transaction's first statement and waits for its answer, a
+    round trip of its own. Sent together with the key insert instead, through the connection's
+    libpq handle, the transaction starts exactly as psycopg would start it, and psycopg, which
+    reads the transaction status from libpq, carries on inside it (the body's statements, then
+    Django's COMMIT or ROLLBACK). Not done (None) where the insert must be seen (query logging,
+    an execute wrapper, an APM's patched cursor), where a transaction is already under way, or
+    where write-side rows wait to be written first.
+    """
+    if rows.observed(connection):
+        return None
+    rows.prepare(connection)
+    raw = connection.connection
+    state = deferred.pending(connection)
+    if (
+        _EXECUTE is None
+        or not isinstance(raw, psycopg.Connection)
+        or not hasattr(raw, "wait")
+        or raw.autocommit
+        or raw.pgconn.transaction_status != _IDLE
+        or (state is not None and (state.rows or state.writing is not None))
+    ):
+        return None
+    with connection.wrap_database_errors:
+        insert = psycopg.ClientCursor(raw).mogrify(queries()["record_key"], params)
+        command = f"{_begin_command(raw)};\n{insert}".encode(raw.info.encoding)
+    with connection.wrap_database_errors, raw.lock:
+        raw.pgconn.send_query(command)
+        results = raw.wait(_EXECUTE(raw.pgconn))
+        for result in results:
+            if result.status == pq.ExecStatus.FATAL_ERROR:
+                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
+        if len(results) != 2 or any(r.status != pq.ExecStatus.COMMAND_OK for r in results):
+            statuses = [pq.ExecStatus(r.status).name for r in results]
+            raise psycopg.InterfaceError(
+                f"unexpected results from BEGIN and the key insert: {statuses}"
+            )
+        return bool(results[1].command_tuples == 1)
 
 
 def owner(connection: Any, key: OnceKey) -> str | None:

@@ -104,7 +104,7 @@ def _insert_one(connection: BaseDatabaseWrapper, row: OutboxRow) -> None:
 
 
 def _copy(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
-    _prepare(connection)
+    prepare(connection)
     data = "".join(map(_copy_line, rows))
     with (
         connection.wrap_database_errors,
@@ -115,7 +115,7 @@ def _copy(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
 
 
 def _copy_in_background(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
-    _prepare(connection)
+    prepare(connection)
     data = "".join(map(_copy_line, rows))
     raw = connection.connection
     query = sql_files.queries()["copy_messages"]
@@ -191,7 +191,13 @@ def _warn_outside_transaction(
     )
 
 
-def _observed(connection: BaseDatabaseWrapper) -> bool:
+def observed(connection: BaseDatabaseWrapper) -> bool:
+    """Whether something watches this connection's statements: then they go through Django.
+
+    Query logging (DEBUG, assertNumQueries), a user's execute wrapper, or a patched
+    CursorWrapper (APM agents) must see every statement, so the shortcuts of the write side
+    and of OnceTask's key insert are off while one of them is there.
+    """
     return (
         any(not deferred.is_ours(w) for w in connection.execute_wrappers)
         or connection.queries_logged
@@ -199,7 +205,7 @@ def _observed(connection: BaseDatabaseWrapper) -> bool:
     )
 
 
-def _prepare(connection: BaseDatabaseWrapper) -> None:
+def prepare(connection: BaseDatabaseWrapper) -> None:
     """What Django's connection.cursor() and CursorWrapper check before a statement."""
     connection.close_if_health_check_failed()
     connection.ensure_connection()
@@ -208,11 +214,11 @@ def _prepare(connection: BaseDatabaseWrapper) -> None:
 
 
 def _execute(connection: BaseDatabaseWrapper, query: str, params: dict[str, Any]) -> None:
-    if _observed(connection):
+    if observed(connection):
         with connection.cursor() as cursor:
             cursor.execute(query, params)
         return
-    _prepare(connection)
+    prepare(connection)
     with connection.wrap_database_errors, connection.connection.cursor() as cursor:
         cursor.execute(query, params)
 

@@ -178,3 +178,15 @@ def _finished(sender: Any = None, task_id: str = "", state: Any = None, **_: Any
     _record(
         {"event": "postrun", "name": sender.name, "id": task_id, "state": state, "at": time.time()}
     )
+
+
+@app.task(name=PREFIX + "isolation", base=OnceTask, bind=True)
+def isolation(self: Any) -> str:
+    """Write an effect whose marker is the isolation level the body's transaction runs at."""
+    from django.db import connections
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT current_setting('transaction_isolation')")
+        level = str(cursor.fetchone()[0])
+    write_effect(self, level)
+    return level

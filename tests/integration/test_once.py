@@ -12,11 +12,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import structlog
 from celery import states
 from celery.app.trace import build_tracer
-from django.db import connections, transaction
+from django.db import InternalError, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from outbox_notify import OnceTask, signals
 from outbox_notify.exceptions import OnceKeyError
@@ -30,6 +32,7 @@ from tests.once_tasks import (
     commit_fails,
     confirm_order,
     effect,
+    isolation,
     retrying,
     ship_order,
 )
@@ -388,15 +391,84 @@ def _queries_sent(run: Callable[[], Any], tmp_path: Any) -> list[str]:
     return [" ".join(query.split()) for query in sent]
 
 
-def test_a_delivery_sends_begin_its_key_its_body_and_commit_nothing_else(tmp_path: Any) -> None:
-    """What one delivery costs in round trips: the key insert is OnceTask's only statement."""
+def test_a_delivery_sends_its_key_with_begin_then_its_body_and_commit_nothing_else(
+    tmp_path: Any,
+) -> None:
+    """What one delivery costs in round trips: BEGIN and the key insert travel together."""
     task_id = new_id()
     sent = _queries_sent(lambda: deliver(effect, ("trips",), task_id), tmp_path)
-    assert len(sent) == 4, sent
-    begin, key, body, commit = sent
+    assert len(sent) == 3, sent
+    first, body, commit = sent
+    begin, key = first.split("; ", 1)
     assert (begin, commit) == ("BEGIN", "COMMIT")
     # The key insert goes without the SQL file's comments: every execution would carry them.
     assert key.startswith("INSERT INTO outbox_notify_inbox_v1 "), key
     assert task_id in key
     assert "--" not in key
     assert "testapp_effect" in body
+
+
+@pytest.fixture
+def raw_connection() -> Iterator[psycopg.Connection[Any]]:
+    """The default alias's psycopg connection; its transaction settings restored afterwards."""
+    connection = connections["default"]
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = (raw.isolation_level, raw.read_only)
+    yield raw
+    if raw.closed:
+        return
+    if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raw.rollback()
+    raw.isolation_level, raw.read_only = saved
+
+
+def test_the_begin_sent_with_the_key_keeps_the_connections_isolation_level(
+    raw_connection: psycopg.Connection[Any], tmp_path: Any
+) -> None:
+    """Django's isolation_level option (set on psycopg's connection) starts the transaction."""
+    raw_connection.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    sent = _queries_sent(lambda: deliver(isolation, (), new_id()), tmp_path)
+    assert sent[0].startswith(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; INSERT INTO outbox_notify_inbox_v1 "
+    ), sent
+    assert [e.marker for e in effects()] == ["repeatable read"]
+
+
+def test_a_database_error_in_the_key_insert_is_djangos_and_rolls_back(
+    raw_connection: psycopg.Connection[Any],
+) -> None:
+    """PostgreSQL refusing the key (here: a read-only transaction) fails the delivery cleanly."""
+    raw_connection.read_only = True
+    result = effect.apply(("read-only",), task_id=new_id())
+    assert result.state == states.FAILURE
+    assert isinstance(result.result, InternalError), result.result
+    assert "read-only transaction" in str(result.result)
+    raw_connection.read_only = None
+    # Nothing was recorded, and the connection goes on with a transaction of its own.
+    assert raw_connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert keys() == []
+    assert effects() == []
+    assert effect.apply(("after",), task_id=new_id()).state == states.SUCCESS
+    assert [e.marker for e in effects()] == ["after"]
+
+
+def test_a_watched_connection_sees_the_key_insert_as_a_statement_of_its_own() -> None:
+    """With query logging (DEBUG, assertNumQueries) or an execute wrapper, nothing is hidden."""
+    task_id = new_id()
+    with CaptureQueriesContext(connections["default"]) as captured:
+        assert effect.apply(("watched",), task_id=task_id).state == states.SUCCESS
+    # Recent Django releases log their BEGIN too: the statements after it are what count.
+    sent = [query["sql"] for query in captured.captured_queries if query["sql"] != "BEGIN"]
+    assert sent[0].startswith("INSERT INTO outbox_notify_inbox_v1 "), sent
+    assert task_id in sent[0]
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connections["default"].execute_wrapper(wrapper):
+        assert effect.apply(("wrapped",), task_id=new_id()).state == states.SUCCESS
+    assert seen[0].startswith("INSERT INTO outbox_notify_inbox_v1 "), seen
+    assert [e.marker for e in effects()] == ["watched", "wrapped"]

@@ -16,11 +16,12 @@ import pytest
 from django.db import connection
 
 from devtools import pgbouncer
-from outbox_notify.models import OutboxMessage
+from outbox_notify.models import InboxRecord, OutboxMessage
 from outbox_notify.relay.config import LISTEN_APPLICATION_NAME
 from tests.conftest import IN_CI
 from tests.integration.test_relay import ready
 from tests.relay_support import RedisQueue, run_python, wait_for
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: the relay and the enqueueing process are other processes, connected
@@ -44,6 +45,25 @@ for n in range(int(sys.argv[1])):
     except RuntimeError:
         pass
 print(json.dumps(committed))
+"""
+
+# OnceTask deliveries (run eagerly, through Celery's tracer) behind the pooler: each first
+# delivery runs, each duplicate is skipped, a failing body rolls back with its key. BEGIN and
+# the key insert travel as one simple query, which the pooler must keep on one server
+# connection with the body's statements and the COMMIT.
+ONCE_DELIVERIES = """
+import json, uuid
+import django
+django.setup()
+from tests.once_tasks import effect
+
+states = []
+for n in range(int(__import__("sys").argv[1])):
+    task_id = str(uuid.uuid4())
+    states.append(effect.apply(("pooled",), task_id=task_id).state)
+    states.append(effect.apply(("pooled again",), task_id=task_id).state)
+    states.append(effect.apply(("pooled fails",), {"fail": True}, task_id=task_id + "-f").state)
+print(json.dumps(states))
 """
 
 
@@ -155,3 +175,14 @@ def _wake_lock_held_by_listen_connection() -> bool:
             " AND a.datname = current_database()"
         )
         return [row[0] for row in cursor.fetchall()] == [LISTEN_APPLICATION_NAME]
+
+
+def test_once_task_deliveries_behind_a_transaction_pooler(
+    transaction_pooler: pgbouncer.PrivateBouncer, subprocess_env: dict[str, Any]
+) -> None:
+    """OnceTask's key and body stay in one transaction on one server connection."""
+    env = _pooled_env(subprocess_env, transaction_pooler)
+    states = json.loads(run_python(ONCE_DELIVERIES, env, "12"))
+    assert states == ["SUCCESS", "IGNORED", "FAILURE"] * 12
+    assert sorted(Effect.objects.values_list("marker", flat=True)) == ["pooled"] * 12
+    assert InboxRecord.objects.count() == 12
