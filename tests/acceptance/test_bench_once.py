@@ -61,11 +61,13 @@ def test_a_tiny_run_reports_both_phases_every_kind_and_the_goal(
         assert f"[{name}]" in done.stdout
     assert report["goal"]["phase"] == "persistent"
     assert report["goal"]["pair"] == "one row"
-    assert "Goal (<= 0.3 ms and <= 10 %" in done.stdout
+    assert report["goal_in_atomic"]["pair"] == "one row, plain in atomic()"
+    assert "OnceTask against the plain task in autocommit)" in done.stdout
+    assert "OnceTask against the plain task in atomic())" in done.stdout
     section = bench_once.markdown(report)
     assert "**new connection**" in section
     assert "**persistent**" in section
-    assert "Goal (" in section
+    assert section.count("Goal (") == 2
 
 
 def test_a_report_from_before_the_phases_still_renders() -> None:
