@@ -22,6 +22,7 @@ from outbox_notify import conf, deferred, rows, stats
 from outbox_notify import sql as sql_files
 from outbox_notify.deadletter import PurgeResult
 from outbox_notify.exceptions import ConfigurationError, OnceKeyError
+from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
 
@@ -31,6 +32,7 @@ MAX_KEY_LENGTH = 255
 CHUNK_SIZE = 5_000  # keys deleted per purge transaction
 SERIALIZATION_FAILURE = "40001"  # SQLSTATE
 _IDLE = pq.TransactionStatus.IDLE
+_INTRANS = pq.TransactionStatus.INTRANS
 # psycopg's own wait loop for a query sent through libpq: used by psycopg for its statements
 # but not documented, so a release without it makes record() send the key on its own.
 _EXECUTE = getattr(generators, "execute", None)
@@ -128,44 +130,68 @@ def _begin_command(raw: psycopg.Connection[Any]) -> str:
     return " ".join(parts)
 
 
+@functools.cache
+def _django_cursors() -> tuple[type, ...]:
+    """The cursor classes Django's PostgreSQL backend gives psycopg (client or server binding)."""
+    from django.db.backends.postgresql import base
+
+    return (base.Cursor, base.ServerBindingCursor)
+
+
+def _fusable(connection: Any) -> psycopg.Connection[Any] | None:
+    """The psycopg connection when `BEGIN` may go with the key insert, else None.
+
+    Only Django's own psycopg connection and cursors, in a transaction that has sent nothing
+    yet, with nothing waiting to be written first, under a psycopg release the suite ran on,
+    and where no one watches the statements at Django's level or at psycopg's (an instrumented
+    cursor factory, a proxy around the connection).
+    """
+    if _EXECUTE is None or gates.psycopg_problem() is not None or rows.observed(connection):
+        return None
+    rows.prepare(connection)
+    raw = connection.connection
+    if type(raw) is not psycopg.Connection or raw.cursor_factory not in _django_cursors():
+        return None
+    state = deferred.pending(connection)
+    if (
+        raw.autocommit
+        or raw.pgconn.transaction_status != _IDLE
+        or getattr(raw, "_pipeline", None) is not None
+        or raw.info.encoding != "utf-8"
+        or (state is not None and (state.rows or state.writing is not None))
+    ):
+        return None
+    return raw
+
+
 def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
-    """`BEGIN; INSERT <key>` as one simple query; None where that cannot be done.
+    """`BEGIN; INSERT <key>` as one simple query; None where that cannot be done (`_fusable`).
 
     psycopg sends `BEGIN` before a transaction's first statement and waits for its answer, a
     round trip of its own. Sent together with the key insert instead, through the connection's
     libpq handle, the transaction starts exactly as psycopg would start it, and psycopg, which
     reads the transaction status from libpq, carries on inside it (the body's statements, then
-    Django's COMMIT or ROLLBACK). Not done (None) where the insert must be seen (query logging,
-    an execute wrapper, an APM's patched cursor), where a transaction is already under way, or
-    where write-side rows wait to be written first.
+    Django's COMMIT or ROLLBACK).
     """
-    if rows.observed(connection):
-        return None
-    rows.prepare(connection)
-    raw = connection.connection
-    state = deferred.pending(connection)
-    if (
-        _EXECUTE is None
-        or not isinstance(raw, psycopg.Connection)
-        or not hasattr(raw, "wait")
-        or raw.autocommit
-        or raw.pgconn.transaction_status != _IDLE
-        or (state is not None and (state.rows or state.writing is not None))
-    ):
+    execute = _EXECUTE
+    raw = _fusable(connection)
+    if raw is None or execute is None:
         return None
     with connection.wrap_database_errors:
         insert = psycopg.ClientCursor(raw).mogrify(queries()["record_key"], params)
-        command = f"{_begin_command(raw)};\n{insert}".encode(raw.info.encoding)
+        command = f"{_begin_command(raw)};\n{insert}".encode()
     with connection.wrap_database_errors, raw.lock:
         raw.pgconn.send_query(command)
-        results = raw.wait(_EXECUTE(raw.pgconn))
+        results = raw.wait(execute(raw.pgconn))
         for result in results:
             if result.status == pq.ExecStatus.FATAL_ERROR:
-                raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
-        if len(results) != 2 or any(r.status != pq.ExecStatus.COMMAND_OK for r in results):
-            statuses = [pq.ExecStatus(r.status).name for r in results]
+                raise psycopg.errors.error_from_result(result, encoding="utf-8")
+        statuses = [pq.ExecStatus(result.status).name for result in results]
+        if statuses != ["COMMAND_OK", "COMMAND_OK"] or raw.pgconn.transaction_status != _INTRANS:
+            # Whatever happened, the caller's atomic() rolls back what there is to roll back.
             raise psycopg.InterfaceError(
-                f"unexpected results from BEGIN and the key insert: {statuses}"
+                f"unexpected outcome of BEGIN and the key insert: {statuses}, "
+                f"transaction status {pq.TransactionStatus(raw.pgconn.transaction_status).name}"
             )
         return bool(results[1].command_tuples == 1)
 

@@ -1,5 +1,9 @@
 """Where the fast paths may be used: the versions their equivalence tests ran on.
 
+OnceTask's key insert sent with its transaction's BEGIN (outbox_notify/inbox.py) starts the
+transaction behind psycopg's back and relies on psycopg reading the transaction status from
+libpq: it is used only with the psycopg releases the suite ran on (PSYCOPG_TESTED).
+
 Both fast paths build each message with kombu's own code but send it through internals that
 no release promises to keep (kombu's Redis channel; py-amqp's channel and connection). They
 are used only with the kombu, py-amqp and redis-py releases that tests/integration/
@@ -18,6 +22,7 @@ from typing import Any
 KOMBU_TESTED = ((5, 3), (5, 7))
 AMQP_TESTED = ((5, 1), (5, 4))
 REDIS_TESTED = ((4, 5), (8, 1))
+PSYCOPG_TESTED = ((3, 2), (3, 3))
 
 REDIS_CHANNEL_NEEDS = (
     "_q_for_pri",
@@ -63,6 +68,12 @@ def _untested(distribution: str, tested: tuple[tuple[int, int], tuple[int, int]]
 def _missing(obj: Any, names: tuple[str, ...], what: str) -> str | None:
     absent = [name for name in names if not hasattr(obj, name)]
     return f"{what} lacks {', '.join(absent)}" if absent else None
+
+
+@functools.cache
+def psycopg_problem() -> str | None:
+    """Why OnceTask may not send its key with BEGIN under this psycopg (None: it may)."""
+    return _untested("psycopg", PSYCOPG_TESTED)
 
 
 def redis_problem(channel: Any) -> str | None:

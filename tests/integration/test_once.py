@@ -414,13 +414,13 @@ def raw_connection() -> Iterator[psycopg.Connection[Any]]:
     connection = connections["default"]
     connection.ensure_connection()
     raw = connection.connection
-    saved = (raw.isolation_level, raw.read_only)
+    saved = (raw.isolation_level, raw.read_only, raw.cursor_factory)
     yield raw
     if raw.closed:
         return
     if raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
         raw.rollback()
-    raw.isolation_level, raw.read_only = saved
+    raw.isolation_level, raw.read_only, raw.cursor_factory = saved
 
 
 def test_the_begin_sent_with_the_key_keeps_the_connections_isolation_level(
@@ -436,11 +436,16 @@ def test_the_begin_sent_with_the_key_keeps_the_connections_isolation_level(
 
 
 def test_a_database_error_in_the_key_insert_is_djangos_and_rolls_back(
-    raw_connection: psycopg.Connection[Any],
+    raw_connection: psycopg.Connection[Any], tmp_path: Any
 ) -> None:
     """PostgreSQL refusing the key (here: a read-only transaction) fails the delivery cleanly."""
     raw_connection.read_only = True
-    result = effect.apply(("read-only",), task_id=new_id())
+    outcome: list[Any] = []
+    sent = _queries_sent(
+        lambda: outcome.append(effect.apply(("read-only",), task_id=new_id())), tmp_path
+    )
+    assert sent[0].startswith("BEGIN READ ONLY; INSERT INTO outbox_notify_inbox_v1 "), sent
+    [result] = outcome
     assert result.state == states.FAILURE
     assert isinstance(result.result, InternalError), result.result
     assert "read-only transaction" in str(result.result)
@@ -472,3 +477,43 @@ def test_a_watched_connection_sees_the_key_insert_as_a_statement_of_its_own() ->
         assert effect.apply(("wrapped",), task_id=new_id()).state == states.SUCCESS
     assert seen[0].startswith("INSERT INTO outbox_notify_inbox_v1 "), seen
     assert [e.marker for e in effects()] == ["watched", "wrapped"]
+
+
+def test_an_instrumented_cursor_factory_sees_the_key_insert(
+    raw_connection: psycopg.Connection[Any], tmp_path: Any
+) -> None:
+    """A cursor factory other than Django's (a psycopg-level tracer) gets the statement."""
+    from django.db.backends.postgresql.base import Cursor
+
+    executed: list[str] = []
+
+    class Traced(Cursor):
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            executed.append(str(query))
+            return super().execute(query, *args, **kwargs)
+
+    raw_connection.cursor_factory = Traced
+    task_id = new_id()
+    sent = _queries_sent(lambda: deliver(effect, ("traced",), task_id), tmp_path)
+    assert sent[0] == "BEGIN", sent
+    assert sent[1].startswith("INSERT INTO outbox_notify_inbox_v1 "), sent
+    assert executed[0].startswith("INSERT INTO outbox_notify_inbox_v1 "), executed
+    assert keys() == [("tests.once.effect", task_id, task_id)]
+
+
+def test_inside_a_transaction_under_way_the_key_follows_its_statements(tmp_path: Any) -> None:
+    """An eager delivery inside the caller's atomic(): a savepoint, then the key on its own."""
+    task_id = new_id()
+
+    def run() -> None:
+        with transaction.atomic():
+            Effect.objects.count()
+            assert effect.apply(("nested",), task_id=task_id).state == states.SUCCESS
+
+    sent = _queries_sent(run, tmp_path)
+    assert sent[0] == "BEGIN", sent
+    assert sent[1].startswith("SELECT COUNT(*)"), sent
+    assert sent[2].startswith("SAVEPOINT "), sent
+    assert sent[3].startswith("INSERT INTO outbox_notify_inbox_v1 "), sent
+    assert sent[-1] == "COMMIT", sent
+    assert [e.marker for e in effects()] == ["nested"]

@@ -186,3 +186,10 @@ def test_once_task_deliveries_behind_a_transaction_pooler(
     assert states == ["SUCCESS", "IGNORED", "FAILURE"] * 12
     assert sorted(Effect.objects.values_list("marker", flat=True)) == ["pooled"] * 12
     assert InboxRecord.objects.count() == 12
+    # Each key committed in the very transaction of its body's effect.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM outbox_notify_inbox_v1 AS i"
+            " JOIN testapp_effect AS e ON e.task_id = i.task_id AND e.xmin = i.xmin"
+        )
+        assert cursor.fetchone()[0] == 12

@@ -77,7 +77,12 @@ def test_the_sessions_python_is_the_declared_minimum() -> None:
 
 @pytest.mark.parametrize(
     ("distribution", "tested"),
-    [("kombu", gates.KOMBU_TESTED), ("amqp", gates.AMQP_TESTED), ("redis", gates.REDIS_TESTED)],
+    [
+        ("kombu", gates.KOMBU_TESTED),
+        ("amqp", gates.AMQP_TESTED),
+        ("redis", gates.REDIS_TESTED),
+        ("psycopg", gates.PSYCOPG_TESTED),
+    ],
 )
 def test_fast_path_gates_span_exactly_the_matrix(
     distribution: str, tested: tuple[tuple[int, int], tuple[int, int]]
