@@ -125,10 +125,7 @@ class OutboxCelery(celery.Celery):
     ) -> AsyncResult[Any]:
         settings = writeconf.current()
         if name in settings.exclude_tasks:
-            for key in ("producer", "publisher"):
-                if isinstance(options.get(key), batching.GroupProducer):
-                    del options[key]
-            return super().send_task(name, args, kwargs, **options)
+            return self._send_past_outbox(name, args, kwargs, options)
         wrapper = instrumentation.send_task_wrapper()
         if wrapper is instrumentation.UNKNOWN or not instrumentation.plain_super_send_task(self):
             # Something wraps Celery's send_task that the template path cannot stand in for.
@@ -145,6 +142,22 @@ class OutboxCelery(celery.Celery):
             insert_row(made.row, settings.alias, self)
         result: AsyncResult[Any] = made.result
         return result
+
+    def _send_past_outbox(
+        self, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> AsyncResult[Any]:
+        """Celery's own send_task for a task in OUTBOX_NOTIFY_EXCLUDE_TASKS: published now."""
+        for key in ("producer", "publisher"):
+            if isinstance(options.get(key), batching.GroupProducer):
+                del options[key]
+        if any(options.get(key) is not None for key in _BROKER_ARGS):
+            return super().send_task(name, args, kwargs, **options)
+        # Given no producer, Celery's send_task asks self.producer_or_acquire() for one, and
+        # ours hands out the group collector, which cannot publish: take one from the pool.
+        for key in _BROKER_ARGS:
+            options.pop(key, None)
+        with super().producer_or_acquire() as producer:
+            return super().send_task(name, args, kwargs, producer=producer, **options)
 
     def record(
         self,
