@@ -17,11 +17,12 @@ import psycopg
 import structlog
 from django.db import OperationalError, connections, transaction
 from psycopg import generators, pq
+from psycopg.pq import TransactionStatus
 
 from outbox_notify import conf, deferred, rows, stats
 from outbox_notify import sql as sql_files
 from outbox_notify.deadletter import PurgeResult
-from outbox_notify.exceptions import ConfigurationError, OnceKeyError
+from outbox_notify.exceptions import ConfigurationError, MarkedForRollback, OnceKeyError
 from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
@@ -37,7 +38,14 @@ _INTRANS = pq.TransactionStatus.INTRANS
 # but not documented, so a release without it makes record() send the key on its own.
 _EXECUTE = getattr(generators, "execute", None)
 
-__all__ = ["MAX_KEY_LENGTH", "InboxStats", "OnceKey", "PurgeResult", "checked_key"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "InboxStats",
+    "OnceKey",
+    "PurgeResult",
+    "checked_key",
+    "require_commit",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,6 +123,25 @@ def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bo
         if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
             raise KeyConflict() from exc
         raise
+
+
+def require_commit(connection: Any, what: str) -> None:
+    """Raise MarkedForRollback when the transaction `what` ran in can only roll back.
+
+    Called inside the atomic() block of a OnceTask delivery or an event's handling, after the
+    body returned. A body that catches a database error (`except IntegrityError: pass`, or an
+    error of a raw cursor, which leaves the transaction aborted) or calls
+    `transaction.set_rollback(True)` returns normally, and atomic() then rolls back without
+    raising (PostgreSQL turns the COMMIT of an aborted transaction into a ROLLBACK): the key
+    and the effects would be gone while the delivery counted as done.
+    """
+    raw = connection.connection
+    aborted = raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+    if connection.needs_rollback or aborted:
+        raise MarkedForRollback(
+            f"{what} returned but its transaction was marked for rollback (a database error "
+            "caught inside it, or set_rollback(True)); nothing was committed"
+        )
 
 
 def _begin_command(raw: psycopg.Connection[Any]) -> str:

@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 import structlog
 from django.db import connections, transaction
 from kombu.utils import json as kombu_json
-from psycopg.pq import TransactionStatus
 
 from outbox_notify import conf, inbox, observability, signals
 from outbox_notify.events import envelope as wire
@@ -196,7 +195,7 @@ class Consumer:
             with transaction.atomic(using=alias):
                 if inbox.record(connections[alias], key, task_id=event.id, task_name=event.type):
                     _call(registration, argument, event)
-                    _require_commit(connections[alias])
+                    inbox.require_commit(connections[alias], "the handler")
                     return _result(Outcome.HANDLED, event)
         except inbox.KeyConflict as exc:
             if inbox.owner(connections[alias], key) is None:
@@ -271,28 +270,6 @@ def _argument(event: wire.Envelope, registration: Registration) -> Any:
         raise wire.UndecodableEvent(
             f"data of {event.type!r} does not fit {cls.__qualname__}: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-class HandlerRolledBack(Exception):
-    """The handler returned, but its transaction can only roll back (a caught database error)."""
-
-
-def _require_commit(connection: Any) -> None:
-    """Refuse to count a handler as done when its transaction is marked for rollback.
-
-    A handler that catches a database error (`except IntegrityError: pass`, or an error of a
-    raw cursor, which leaves the transaction aborted) or calls `transaction.set_rollback(True)`
-    returns normally, and atomic() then rolls back without raising (PostgreSQL turns the COMMIT
-    of an aborted transaction into a ROLLBACK): the event id and the effects are gone, so the
-    event must not be acknowledged.
-    """
-    raw = connection.connection
-    aborted = raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
-    if connection.needs_rollback or aborted:
-        raise HandlerRolledBack(
-            "the handler returned but its transaction was marked for rollback (a database "
-            "error caught inside it, or set_rollback(True)); nothing was committed"
-        )
 
 
 def _call(registration: Registration, argument: Any, event: wire.Envelope) -> None:

@@ -21,7 +21,7 @@ from django.db import InternalError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from outbox_notify import OnceTask, signals
-from outbox_notify.exceptions import OnceKeyError
+from outbox_notify.exceptions import MarkedForRollback, OnceKeyError
 from outbox_notify.models import InboxRecord, OutboxMessage
 from tests.celery_app import app
 from tests.once_tasks import (
@@ -35,6 +35,8 @@ from tests.once_tasks import (
     isolation,
     retrying,
     ship_order,
+    swallow,
+    swallow_retried,
 )
 from tests.relay_support import wait_for
 from tests.testapp.models import Effect
@@ -180,6 +182,27 @@ def test_a_worker_retry_sends_the_retry_message_after_the_rollback() -> None:
     assert row.options["headers"]["retries"] == 1
     assert deliver(retrying, ("worker", 1), task_id, retries=1).info is None  # succeeded
     assert [e.attempt for e in effects("worker")] == [1]
+
+
+@pytest.mark.parametrize("how", ["orm", "raw", "set_rollback"])
+def test_a_body_that_returns_with_its_transaction_marked_for_rollback_fails(how: str) -> None:
+    """A caught database error or set_rollback(True): FAILURE, no effect, no key; it runs again."""
+    task_id = new_id()
+    outcome = deliver(swallow, ("lost", how), task_id)
+    assert outcome.info.state == states.FAILURE
+    assert isinstance(outcome.info.retval, MarkedForRollback)
+    assert "the body of tests.once.swallow returned" in str(outcome.info.retval)
+    assert (effects(), keys()) == ([], [])
+    assert deliver(swallow, ("again", None), task_id).info is None  # succeeded
+    assert [e.marker for e in effects()] == ["again"]
+
+
+def test_autoretry_for_retries_a_body_marked_for_rollback() -> None:
+    """autoretry_for=(MarkedForRollback,): the attempts that swallowed an error are retried."""
+    result = swallow_retried.apply(("retried", 2))
+    assert (result.state, result.result) == (states.SUCCESS, 2)
+    assert [e.attempt for e in effects("retried")] == [2]
+    assert len(keys()) == 1
 
 
 def test_a_worker_duplicate_is_ignored_not_failed() -> None:
