@@ -206,7 +206,7 @@ class OutboxCelery(celery.Celery):
             ),
             sent_event=recorder.sent_event,
             hold_until=held.hold_until(
-                publish_kwargs.get("headers") or {}, settings.hold_eta_after, self
+                publish_kwargs.get("headers") or {}, settings.hold_eta_after
             ),
         )
         serialization.validate_row(row)

@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 from django.db import connections, transaction
 
-from outbox_notify import conf
+from outbox_notify import conf, serialization
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.stats import Cursor, queries
 
@@ -138,15 +138,14 @@ def purge(
     return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
 
 
-def _moment(value: Any, now: datetime) -> datetime | None:
-    """A stored ISO time as an aware datetime (naive ones are UTC), None when unreadable."""
+def _moment(value: Any) -> datetime | None:
+    """A stored ISO time as the worker reads it (naive ones are UTC), None when unreadable."""
     if not isinstance(value, str):
         return None
     try:
-        moment = datetime.fromisoformat(value)
+        return serialization.header_time(value)
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=now.tzinfo)
 
 
 def _shift(headers: dict[str, Any], relative: Mapping[str, Any], now: datetime) -> bool:
@@ -175,7 +174,7 @@ def rebase_options(text: str, now: datetime) -> Rebased:
     except (ValueError, TypeError, KeyError):
         return Rebased(options=text, already_expired=False)
     changed = _shift(headers, relative, now)
-    expires = _moment(headers.get("expires"), now)
+    expires = _moment(headers.get("expires"))
     return Rebased(
         options=json.dumps(options) if changed else text,
         already_expired=expires is not None and expires <= now,

@@ -20,6 +20,9 @@ app.conf.update(
     # The OnceTask tasks; a module of their own, imported by the worker at start.
     include=["tests.once_tasks"],
 )
+if os.environ.get("OUTBOX_TEST_TIMEZONE"):
+    # Workers and relays of tests about times in an app whose timezone is not UTC.
+    app.conf.timezone = os.environ["OUTBOX_TEST_TIMEZONE"]
 if os.environ.get("OUTBOX_TEST_VISIBILITY_TIMEOUT"):
     # Crash tests (on a private Redis): unacknowledged messages of a killed worker come back
     # after this many seconds instead of Redis's default hour.
