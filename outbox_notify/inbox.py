@@ -50,14 +50,17 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class OnceKey:
-    """What a OnceTask delivery records: a key inside a scope.
+    """What a OnceTask delivery (or an event's handling) records: a key inside a scope.
 
     `derived` tells a key made by the task's `once_key` from one that is the task id.
+    `former` is the key an earlier release recorded for the same delivery, if it recorded
+    another: committed, it makes this delivery a duplicate too (record_key_unless_former).
     """
 
     scope: str
     key: str
     derived: bool
+    former: str | None = None
 
 
 class KeyConflict(Exception):
@@ -112,12 +115,16 @@ def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bo
     in one round trip (`_record_with_begin`); otherwise the insert goes alone.
     """
     params = {"scope": key.scope, "key": key.key, "task_id": task_id, "task_name": task_name}
+    query = queries()["record_key"]
+    if key.former is not None:
+        params["former"] = key.former
+        query = queries()["record_key_unless_former"]
     try:
-        fused = _record_with_begin(connection, params)
+        fused = _record_with_begin(connection, query, params)
         if fused is not None:
             return fused
         with connection.cursor() as cursor:
-            cursor.execute(queries()["record_key"], params)
+            cursor.execute(query, params)
             return bool(cursor.rowcount == 1)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
@@ -191,7 +198,7 @@ def _fusable(connection: Any) -> psycopg.Connection[Any] | None:
     return raw
 
 
-def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
+def _record_with_begin(connection: Any, query: str, params: dict[str, str]) -> bool | None:
     """`BEGIN; INSERT <key>` as one simple query; None where that cannot be done (`_fusable`).
 
     psycopg sends `BEGIN` before a transaction's first statement and waits for its answer, a
@@ -205,7 +212,7 @@ def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
     if raw is None or execute is None:
         return None
     with connection.wrap_database_errors:
-        insert = psycopg.ClientCursor(raw).mogrify(queries()["record_key"], params)
+        insert = psycopg.ClientCursor(raw).mogrify(query, params)
         command = f"{_begin_command(raw)};\n{insert}".encode()
     with connection.wrap_database_errors, raw.lock:
         raw.pgconn.send_query(command)

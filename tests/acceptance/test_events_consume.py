@@ -13,13 +13,14 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from outbox_notify.events import envelope as wire
-from outbox_notify.events.consumer import Consumer
+from outbox_notify.events.consumer import Consumer, event_type_of
 from outbox_notify.events.delivery import (
     DEAD_AT,
     DEAD_ATTEMPTS,
@@ -34,6 +35,7 @@ from outbox_notify.models import InboxRecord
 from tests import event_consumers
 from tests.event_consumers import OrderPlaced, runs
 from tests.events_support import (
+    SOURCE,
     dead_letters,
     declare,
     envelope_for,
@@ -157,6 +159,35 @@ def test_each_event_is_handled_once_and_redeliveries_are_skipped(
     assert dead_letters(broker_url, setup.consumer) == []
 
 
+def test_one_id_from_two_sources_is_two_events_and_a_key_from_before_the_upgrade_holds(
+    broker_url: str, make_setup: Any
+) -> None:
+    """order-42 from billing and from shipping: each handled once, redeliveries skipped; an
+    event recorded by its id alone (an earlier release's key) is skipped when redelivered."""
+    setup = make_setup(broker_url)
+    InboxRecord.objects.create(
+        scope=setup.consumer.scope,
+        key="ev-before-upgrade",
+        task_id="ev-before-upgrade",
+        task_name=event_type_of(OrderPlaced),
+    )
+    setup.start()
+    events = [
+        ("/billing", "order-42", "billing"),
+        ("/shipping", "order-42", "shipping"),
+        ("/billing", "order-42", "billing"),
+        (SOURCE, "ev-before-upgrade", "before-upgrade"),
+        ("/shipping", "order-42", "shipping"),
+    ]
+    for source, event_id, marker in events:
+        envelope = envelope_for(OrderPlaced(order_id=42, marker=marker), event_id=event_id)
+        publish_event(broker_url, setup.consumer.exchange, replace(envelope, source=source))
+    setup.sentinel()
+    assert (effects("billing"), effects("shipping"), effects("before-upgrade")) == (1, 1, 0)
+    assert setup.logs().count("outbox.event_duplicate_skipped") == 3
+    assert dead_letters(broker_url, setup.consumer) == []
+
+
 def test_a_handler_that_fails_once_is_retried_and_its_effect_committed_once(
     broker_url: str, make_setup: Any
 ) -> None:
@@ -198,7 +229,7 @@ def test_a_handler_that_keeps_failing_is_dead_lettered_with_its_reason(
     assert dead.content_type == wire.CONTENT_TYPE
     assert len(runs(setup.record, envelope.id)) == event_consumers.MAX_ATTEMPTS
     assert effects("doomed") == 0
-    assert not InboxRecord.objects.filter(key=envelope.id).exists()
+    assert not InboxRecord.objects.filter(task_id=envelope.id).exists()
 
 
 def test_an_undecodable_message_is_dead_lettered_at_once_and_the_consumer_goes_on(
@@ -276,7 +307,7 @@ def test_a_consumer_killed_mid_handler_is_restarted_and_the_effect_applied_once(
     setup.sentinel()
     assert effects("crash") == 1
     assert len(runs(setup.record, envelope.id)) == 2
-    assert InboxRecord.objects.filter(key=envelope.id).count() == 1
+    assert InboxRecord.objects.filter(task_id=envelope.id).count() == 1
 
 
 def test_the_consumer_reconnects_after_a_broker_outage(private_redis: Any, make_setup: Any) -> None:
