@@ -92,7 +92,12 @@ def test_an_excluded_task_is_published_at_once_and_a_worker_runs_it(
         ]
         grouped = group(task.si("group-a"), task.si("group-b")).apply_async()
         sent += list(grouped.results)
-        assert waiting_in_broker(sender, queue_name) == len(sent)
+        # Still inside the transaction. (A publish without confirms reaches the queue a moment
+        # after it returns, hence the wait.)
+        wait_for(
+            lambda: waiting_in_broker(sender, queue_name) == len(sent),
+            what="every excluded task in the broker's queue",
+        )
     assert OutboxMessage.objects.count() == 0
     records = start_worker(queue_name, env=env)
     ran = wait_for(
@@ -132,7 +137,9 @@ def test_beat_sends_an_excluded_task_to_the_broker_and_another_to_the_outbox(
                 scheduler.apply_entry(entry, producer=scheduler.producer)
     finally:
         scheduler.producer.connection.close()
-    assert waiting_in_broker(sender, queue_name) == 1
+    wait_for(
+        lambda: waiting_in_broker(sender, queue_name) == 1, what="the excluded task in the queue"
+    )
     row = OutboxMessage.objects.get()
     assert row.task_name == THROUGH_OUTBOX
     warned = [e for e in logs if e["event"] == "outbox.enqueue_outside_transaction"]
