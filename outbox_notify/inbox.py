@@ -17,7 +17,6 @@ import psycopg
 import structlog
 from django.db import OperationalError, connections, transaction
 from psycopg import generators, pq
-from psycopg.pq import TransactionStatus
 
 from outbox_notify import conf, deferred, rows, stats
 from outbox_notify import sql as sql_files
@@ -143,7 +142,7 @@ def require_commit(connection: Any, what: str) -> None:
     and the effects would be gone while the delivery counted as done.
     """
     raw = connection.connection
-    aborted = raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
+    aborted = raw is not None and raw.info.transaction_status == pq.TransactionStatus.INERROR
     if connection.needs_rollback or aborted:
         raise MarkedForRollback(
             f"{what} returned but its transaction was marked for rollback (a database error "
