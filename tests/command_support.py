@@ -28,14 +28,18 @@ def run_command(env: dict[str, Any], *argv: str, tty: bool = False) -> Ran:
     command = [sys.executable, "-m", "django", *argv]
     if not tty:
         done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+            command,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+            check=False,
         )
         return Ran(done.returncode, done.stdout, done.stderr)
     controller, terminal = pty.openpty()
     try:
-        proc = subprocess.Popen(
-            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=terminal
-        )
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=terminal)
     finally:
         os.close(terminal)
     seen = bytearray()

@@ -308,11 +308,11 @@ def test_purge_prints_only_its_report_on_stdout_and_no_progress_outside_a_termin
     )
     assert ran.returncode == 0, ran.stderr
     [line] = ran.stdout.splitlines()
-    assert line.startswith("deleted 5 dead letters that died before ") and line.endswith(
-        "(3 chunks)"
-    ), ran.stdout
+    assert line.startswith("deleted 5 dead letters that died before "), ran.stdout
+    assert line.endswith("(3 chunks)"), ran.stdout
     assert "outbox.dead_letters_purged" in ran.stderr
-    assert "\r" not in ran.stderr and "deleting dead letters" not in ran.stderr
+    assert "\r" not in ran.stderr
+    assert "deleting dead letters" not in ran.stderr
 
 
 def test_requeue_prints_only_its_report_on_stdout(subprocess_env: dict[str, Any]) -> None:
@@ -341,5 +341,6 @@ def test_on_a_terminal_a_long_purge_or_requeue_shows_its_progress_on_stderr(
     assert ran.returncode == 0, ran.stderr
     label = "deleting dead letters" if command == "outbox_purge_dead_letter" else "requeueing"
     assert re.search(rf"\r\x1b\[K{label}[^\r]*: 1\b", ran.stderr), repr(ran.stderr)
-    assert "\r" not in ran.stdout and label not in ran.stdout
+    assert "\r" not in ran.stdout
+    assert label not in ran.stdout
     assert ran.stdout.split()[0] in {"deleted", "requeued"}
