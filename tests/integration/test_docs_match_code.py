@@ -33,6 +33,7 @@ COMMANDS = (
     "outbox_stats",
     "outbox_purge_dead_letter",
     "outbox_requeue_dead_letter",
+    "outbox_list",
     "outbox_consume",
 )
 
