@@ -35,6 +35,7 @@ COMMANDS = (
     "outbox_requeue_dead_letter",
     "outbox_list",
     "outbox_consume",
+    "outbox_consume_dead",
 )
 
 
