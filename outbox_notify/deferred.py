@@ -146,23 +146,28 @@ class Deferred:
         them (they roll back with it), instead of leaving them for a later transaction.
         """
         self.raw = raw
-        if getattr(raw, _STATE, None) is self:
+        hooked = getattr(raw, _STATE, None) is not None
+        # The Deferred the psycopg connection's rows belong to now (a pooled connection passes
+        # from one Django connection to another; its hooks are installed once).
+        setattr(raw, _STATE, self)
+        if hooked:
             return
         commit, rollback = raw.commit, raw.rollback
 
         def raw_commit() -> None:
-            if self.raw is raw:
-                self.flush()
+            owner: Deferred | None = getattr(raw, _STATE, None)
+            if owner is not None and owner.raw is raw:
+                owner.flush()
             commit()
 
         def raw_rollback() -> None:
-            if self.raw is raw:
-                self.discard()
-                self.abandon()
+            owner: Deferred | None = getattr(raw, _STATE, None)
+            if owner is not None and owner.raw is raw:
+                owner.discard()
+                owner.abandon()
             rollback()
 
         raw.commit, raw.rollback = raw_commit, raw_rollback
-        setattr(raw, _STATE, self)
 
     def flush(self) -> None:
         """Write the rows that wait, now (one round trip), after a COPY still running."""
