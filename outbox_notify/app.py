@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import celery
+from celery import signals as celery_signals
 from celery.result import AsyncResult
 
 from outbox_notify import (
@@ -17,6 +18,7 @@ from outbox_notify import (
     context,
     held,
     instrumentation,
+    observability,
     serialization,
     templates,
     writeconf,
@@ -33,6 +35,11 @@ SENT_EVENT_ROUTING_KEY = "task.sent"
 
 # Every OutboxCelery alive in this process, for the start-up check of their configuration.
 instances: weakref.WeakSet[OutboxCelery] = weakref.WeakSet()
+
+# A worker would log outbox_notify's info events as WARNING lines (observability.py says why).
+celery_signals.celeryd_after_setup.connect(
+    observability.route_worker_logs, weak=False, dispatch_uid="outbox_notify.route_worker_logs"
+)
 
 
 class _NoConnection:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,6 +25,12 @@ from outbox_notify.stats import Cursor, queries
 log = structlog.get_logger("outbox_notify")
 
 CHUNK_SIZE = 5_000  # rows per transaction for purge and requeue
+
+Progress = Callable[[int], None]  # told the running total after each chunk
+
+
+def _silent(done: int) -> None:
+    """No progress to show."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +122,7 @@ def purge(
     dry_run: bool = False,
     chunk_size: int = CHUNK_SIZE,
     using: str | None = None,
+    progress: Progress = _silent,
 ) -> PurgeResult:
     """Delete dead letters older than N days (default: the retention setting), chunk by chunk."""
     days = conf.dead_letter_retention_days() if older_than_days is None else older_than_days
@@ -132,6 +139,7 @@ def purge(
     while True:
         count = _purge_chunk(alias, cutoff, chunk_size)
         deleted, chunks = deleted + count, chunks + (count > 0)
+        progress(deleted)
         if count < chunk_size:
             break
     log.info("outbox.dead_letters_purged", deleted=deleted, chunks=chunks, older_than_days=days)
@@ -215,6 +223,7 @@ def requeue(
     dry_run: bool = False,
     chunk_size: int = CHUNK_SIZE,
     using: str | None = None,
+    progress: Progress = _silent,
 ) -> RequeueResult:
     """Move the selected dead letters back to the outbox: retries 0, created now, times re-based."""
     if chunk_size < 1:
@@ -228,6 +237,7 @@ def requeue(
             break
         by_task.update(name for _, name in rows)
         moved, expired, after = moved + count, expired + chunk_expired, rows[-1][0]
+        progress(moved)
     if not dry_run:
         log.info("outbox.dead_letters_requeued", moved=moved, already_expired=expired)
     if expired:

@@ -177,24 +177,61 @@ def _fusable(connection: Any) -> psycopg.Connection[Any] | None:
     Only Django's own psycopg connection and cursors, in a transaction that has sent nothing
     yet, with nothing waiting to be written first, under a psycopg release the suite ran on,
     and where no one watches the statements at Django's level or at psycopg's (an instrumented
-    cursor factory, a proxy around the connection).
+    cursor factory, a proxy around the connection). When it may not, the key goes alone, and
+    `outbox.fused_begin_unavailable` says why (once per process and reason).
     """
-    if _EXECUTE is None or gates.psycopg_problem() is not None or rows.observed(connection):
-        return None
+    raw, reason = _fusable_or_why(connection)
+    if reason is not None:
+        _fallback(reason)
+    return raw
+
+
+def _fusable_or_why(connection: Any) -> tuple[psycopg.Connection[Any] | None, str | None]:
+    """The psycopg connection and None, or None and why BEGIN may not go with the key."""
+    if _EXECUTE is None:
+        return None, "this psycopg has no generators.execute"
+    problem = gates.psycopg_problem()
+    if problem is None and rows.observed(connection):
+        problem = (
+            "something watches the connection's statements "
+            "(query log, execute wrapper, instrumented cursor)"
+        )
+    if problem is not None:
+        return None, problem
     rows.prepare(connection)
     raw = connection.connection
+    problem = _raw_problem(raw) or _waiting_problem(connection)
+    return (None, problem) if problem is not None else (raw, None)
+
+
+def _raw_problem(raw: Any) -> str | None:
     if type(raw) is not psycopg.Connection or raw.cursor_factory not in _django_cursors():
-        return None
+        return "the connection or its cursors are not Django's own psycopg ones"
+    if raw.autocommit or raw.pgconn.transaction_status != _IDLE:
+        return "the transaction had sent statements before the key"
+    if getattr(raw, "_pipeline", None) is not None:
+        return "the connection is in pipeline mode"
+    if raw.info.encoding != "utf-8":
+        return f"the connection's encoding is {raw.info.encoding}, not utf-8"
+    return None
+
+
+def _waiting_problem(connection: Any) -> str | None:
     state = deferred.pending(connection)
-    if (
-        raw.autocommit
-        or raw.pgconn.transaction_status != _IDLE
-        or getattr(raw, "_pipeline", None) is not None
-        or raw.info.encoding != "utf-8"
-        or (state is not None and (state.rows or state.writing is not None))
-    ):
-        return None
-    return raw
+    if state is not None and (state.rows or state.writing is not None):
+        return "outbox rows were waiting to be written first"
+    return None
+
+
+_reported: set[str] = set()
+
+
+def _fallback(reason: str) -> None:
+    """Log, once per process and reason, that the key insert goes without BEGIN."""
+    if reason in _reported:
+        return
+    _reported.add(reason)
+    log.info("outbox.fused_begin_unavailable", reason=reason)
 
 
 def _record_with_begin(connection: Any, query: str, params: dict[str, str]) -> bool | None:

@@ -71,7 +71,12 @@ def insert_rows(
     connection = connections[alias]
     deferred.flush(connection)  # rows enqueued earlier go first
     _warn_outside_transaction(connection, app, rows[0], count=len(rows))
-    if background and BACKGROUND_COPY and connection.in_atomic_block:
+    if (
+        background
+        and BACKGROUND_COPY
+        and connection.in_atomic_block
+        and deferred.available(connection)
+    ):
         _copy_in_background(connection, rows)
     else:
         _copy(connection, rows)

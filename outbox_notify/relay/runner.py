@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from outbox_notify import conf, metrics, observability
@@ -44,7 +44,13 @@ def reporters() -> list[Reporter]:
     return [observability.SignalReporter(), observability.SentryReporter()]
 
 
-def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Relay:
+def build_relay(
+    config: RelayConfig,
+    *,
+    listen: bool,
+    wake_fd: int | None,
+    extra_reporters: Sequence[Reporter] = (),
+) -> Relay:
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
     params = connection_kwargs(conf.database_alias())
@@ -68,7 +74,7 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         listener=listener,
         publisher=ChordPublisher(SentEventPublisher(broker, app), app),
         metrics=metrics.from_settings(),
-        reporters=reporters(),
+        reporters=[*reporters(), *extra_reporters],
     )
 
 

@@ -28,6 +28,7 @@ COMMANDS = {
     "outbox_purge_dead_letter": (),
     "outbox_requeue_dead_letter": ("--all",),
     "outbox_purge_inbox": (),
+    "outbox_list": (),
     "outbox_consume": ("tests.event_consumers.consumer",),
 }
 NON_FINITE = ["nan", "inf", "-inf", "NaN", "Infinity"]
@@ -72,9 +73,10 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_listen", "--lock-wait") in flags
     assert ("outbox_purge_inbox", "--older-than-days") in flags
     assert ("outbox_consume", "--outage-cooldown") in flags
-    assert (
-        len(flags) == 25
-    )  # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, consume 1
+    assert ("outbox_list", "--older-than") in flags
+    assert ("outbox_list", "--limit") in flags
+    # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, list 2, consume 1
+    assert len(flags) == 27
 
 
 @pytest.mark.parametrize("value", NON_FINITE)

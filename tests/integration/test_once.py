@@ -20,7 +20,7 @@ from celery.app.trace import build_tracer
 from django.db import InternalError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from outbox_notify import OnceTask, signals
+from outbox_notify import OnceTask, inbox, signals
 from outbox_notify.exceptions import MarkedForRollback, OnceKeyError
 from outbox_notify.models import InboxRecord, OutboxMessage
 from tests.celery_app import app
@@ -540,3 +540,26 @@ def test_inside_a_transaction_under_way_the_key_follows_its_statements(tmp_path:
     assert sent[3].startswith("INSERT INTO outbox_notify_inbox_v1 "), sent
     assert sent[-1] == "COMMIT", sent
     assert [e.marker for e in effects()] == ["nested"]
+
+
+def test_the_fallback_from_the_fused_begin_is_logged_once_per_process_and_reason(
+    raw_connection: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries that cannot send BEGIN with the key say why once, not once per task."""
+    from django.db.backends.postgresql.base import Cursor
+
+    class Traced(Cursor):
+        pass
+
+    monkeypatch.setattr(inbox, "_reported", set())
+    raw_connection.cursor_factory = Traced
+    with structlog.testing.capture_logs() as logs:
+        for marker in ("first", "second"):
+            deliver(effect, (marker,), new_id())
+        with CaptureQueriesContext(connections["default"]):
+            deliver(effect, ("watched",), new_id())
+    reasons = [e["reason"] for e in logs if e["event"] == "outbox.fused_begin_unavailable"]
+    assert len(reasons) == 2, reasons
+    assert "cursors are not Django's own" in reasons[0]
+    assert "watches the connection's statements" in reasons[1]
+    assert [e.marker for e in effects()] == ["first", "second", "watched"]

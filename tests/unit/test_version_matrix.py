@@ -82,6 +82,7 @@ def test_the_sessions_python_is_the_declared_minimum() -> None:
         ("amqp", gates.AMQP_TESTED),
         ("redis", gates.REDIS_TESTED),
         ("psycopg", gates.PSYCOPG_TESTED),
+        ("django", gates.DJANGO_TESTED),
     ],
 )
 def test_fast_path_gates_span_exactly_the_matrix(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
 
 from django.core.management.base import CommandError
@@ -158,3 +159,15 @@ def require_relay_privileges() -> None:
             f"the database role of {alias!r} lacks {', '.join(missing)}, which the relay "
             "needs (sql/relay_role.sql grants them; see docs/security.md)"
         )
+
+
+@contextlib.contextmanager
+def logs_to_stderr() -> Iterator[None]:
+    """Log lines printed while the block runs go to stderr; stdout keeps the command's report.
+
+    structlog's default logger prints to whatever `sys.stdout` is when an event is logged,
+    which is the command's stdout; the command writes its report through `self.stdout`,
+    bound before the block. (A logging setup that names its stream itself is left alone.)
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
