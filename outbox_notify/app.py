@@ -10,6 +10,7 @@ from typing import Any
 
 import celery
 from celery.result import AsyncResult
+from django.core import checks as django_checks
 
 from outbox_notify import (
     batching,
@@ -19,8 +20,10 @@ from outbox_notify import (
     instrumentation,
     serialization,
     templates,
+    transport,
     writeconf,
 )
+from outbox_notify.checks import check_app_installed
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -79,6 +82,8 @@ class OutboxCelery(celery.Celery):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         instances.add(self)
+        # Registered here, not in ready(): ready() never runs when the app is not installed.
+        django_checks.register(check_app_installed)
 
     def _get_backend(self) -> Any:
         backend = super()._get_backend()  # type: ignore[misc]
@@ -120,6 +125,7 @@ class OutboxCelery(celery.Celery):
         return batching.for_group(self)
 
     # Celery's keyword arguments all pass through **options to Celery's own send_task.
+    @transport.explained
     def send_task(  # type: ignore[override]
         self, name: str, args: Any = None, kwargs: Any = None, **options: Any
     ) -> AsyncResult[Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.management.commands._common import reported, whole_number
+from outbox_notify.management.commands._common import OutboxCommand, reported, whole_number
 
 NEEDS = (
     "SELECT, UPDATE and DELETE on outbox_notify_dead_letter_v1 and INSERT on "
@@ -15,7 +15,7 @@ NEEDS = (
 )
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Requeues dead letters chosen by id, task name or all, with retries reset."""
 
     help = (

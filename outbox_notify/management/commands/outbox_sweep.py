@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from outbox_notify.management.commands._common import (
     RELAY_NEEDS,
+    OutboxCommand,
     reported,
     require_relay_privileges,
 )
@@ -17,7 +18,7 @@ from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Publish every row that is due now, then exit."""
 
     help = (
