@@ -1,9 +1,10 @@
-"""The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying.
+"""The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying;
+with each extra alone, its relay and a Celery worker deliver a task through that extra's broker.
 The sdist carries what its own test suite needs: unpacked, the suite collects and runs there.
 
-Slow (about 20 s each: a build, a venv, a pip install or a test run), and deliberately part of
-the normal suite: these are the only tests that see the package as users and packagers get it,
-without the checkout.
+Slow (the wheel is built once; each venv is a pip install of about 10-30 s, two at a time; each
+delivery starts Django five times), and deliberately part of the normal suite: these are the
+only tests that see the package as users and packagers get it, without the checkout.
 """
 
 from __future__ import annotations
