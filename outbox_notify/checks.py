@@ -197,10 +197,11 @@ def check_app_installed(
         return []
     return [
         checks.Error(
-            f"OutboxCelery {', '.join(map(repr, names))} writes tasks to the outbox, but "
-            "'outbox_notify' is not in INSTALLED_APPS: no migration creates the outbox tables "
-            "and the relay commands do not exist",
+            f"'outbox_notify' is missing, but OutboxCelery {', '.join(map(repr, names))} writes "
+            "tasks to the outbox: no migration creates the outbox tables and the relay commands "
+            "do not exist",
             hint="add 'outbox_notify' to INSTALLED_APPS, then run: python manage.py migrate",
+            obj="INSTALLED_APPS",
             id="outbox_notify.E008",
         )
     ]
@@ -266,12 +267,12 @@ def check_schema(
     try:
         connection.ensure_connection()
     except DatabaseError as exc:
-        return [_unreachable(connection.alias, exc)]
+        return [_unreachable(connection.alias, exc, connecting=True)]
     try:
         with connection.cursor() as cursor:
             found = _schema_state(cursor)
     except DatabaseError as exc:
-        return [_unreachable(connection.alias, exc, what="its schema could not be inspected")]
+        return [_unreachable(connection.alias, exc, connecting=False)]
     return _schema_messages(connection.alias, found)
 
 
@@ -313,12 +314,13 @@ def _database_flag(alias: str) -> str:
     return "" if alias == "default" else f" --database {alias}"
 
 
-def _unreachable(
-    alias: str, exc: DatabaseError, what: str = "PostgreSQL cannot be reached"
-) -> checks.CheckMessage:
+def _unreachable(alias: str, exc: DatabaseError, *, connecting: bool) -> checks.CheckMessage:
+    what = "PostgreSQL cannot be reached" if connecting else "its schema could not be inspected"
     return checks.Error(
         f"{what}: {' '.join(str(exc).split())}",
-        hint="start the server, or correct its HOST, PORT, NAME, USER or PASSWORD",
+        hint="start the server, or correct its HOST, PORT, NAME, USER or PASSWORD"
+        if connecting
+        else None,
         obj=f"DATABASES[{alias!r}]",
         id="outbox_notify.E009",
     )

@@ -222,8 +222,9 @@ def test_check_says_outbox_notify_is_not_installed(project_without_the_app: dict
     """OutboxCelery used while 'outbox_notify' is not in INSTALLED_APPS: E008, exit 1."""
     result = _python(["-m", "django", "check"], project_without_the_app)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "(outbox_notify.E008) OutboxCelery 'proj' writes tasks to the outbox, but " in (
-        result.stderr
+    assert (
+        "INSTALLED_APPS: (outbox_notify.E008) 'outbox_notify' is missing, but OutboxCelery "
+        "'proj' writes tasks to the outbox" in result.stderr
     )
     assert "HINT: add 'outbox_notify' to INSTALLED_APPS, then run: python manage.py migrate" in (
         result.stderr
