@@ -11,6 +11,7 @@ from typing import Any
 import celery
 from celery import signals as celery_signals
 from celery.result import AsyncResult
+from django.core import checks as django_checks
 
 from outbox_notify import (
     batching,
@@ -21,8 +22,10 @@ from outbox_notify import (
     observability,
     serialization,
     templates,
+    transport,
     writeconf,
 )
+from outbox_notify.checks import check_app_installed
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -86,6 +89,8 @@ class OutboxCelery(celery.Celery):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         instances.add(self)
+        # Registered here, not in ready(): ready() never runs when the app is not installed.
+        django_checks.register(check_app_installed)
 
     def _get_backend(self) -> Any:
         backend = super()._get_backend()  # type: ignore[misc]
@@ -127,6 +132,7 @@ class OutboxCelery(celery.Celery):
         return batching.for_group(self)
 
     # Celery's keyword arguments all pass through **options to Celery's own send_task.
+    @transport.explained
     def send_task(  # type: ignore[override]
         self, name: str, args: Any = None, kwargs: Any = None, **options: Any
     ) -> AsyncResult[Any]:

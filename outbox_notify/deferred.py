@@ -60,6 +60,7 @@ from outbox_notify.serialization import OutboxRow
 log = structlog.get_logger("outbox_notify")
 
 MAX_PENDING = 5_000  # rows kept in memory before they are written anyway
+UNDEFINED_TABLE = "42P01"  # SQLSTATE of a missing relation: a database never migrated
 _STATE = "_outbox_notify_deferred"
 _INERROR = pq.TransactionStatus.INERROR
 _RELEASE = "RELEASE SAVEPOINT "
@@ -223,6 +224,7 @@ class Deferred:
 
     def _failed(self, exc: BaseException, count: int) -> None:
         exc.add_note(f"outbox-notify: raised while writing {count} deferred outbox rows")
+        explain(exc, self.connection.alias)
         log.error(
             "outbox.deferred_write_failed",
             count=count,
@@ -264,6 +266,20 @@ class Deferred:
         """The connection's `_close`: a COPY still running ends first (lost with the session)."""
         self.abandon()
         return self.original_close()
+
+
+def explain(exc: BaseException, alias: str) -> None:
+    """Add the fix to the database's error when the outbox table is missing (not migrated)."""
+    # Django's error chains the driver's, which carries the SQLSTATE.
+    if UNDEFINED_TABLE in (
+        getattr(exc, "sqlstate", None),
+        getattr(exc.__cause__, "sqlstate", None),
+    ):
+        flag = "" if alias == "default" else f" --database {alias}"
+        exc.add_note(
+            f"outbox-notify: the outbox tables do not exist on database {alias!r}; create "
+            f"them with `python manage.py migrate{flag}`"
+        )
 
 
 def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from outbox_notify import conf, metrics, observability
+from outbox_notify import conf, metrics, observability, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -53,6 +53,7 @@ def build_relay(
 ) -> Relay:
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
+    transport.require(app)  # kombu would raise a bare KeyError or ImportError further down
     params = connection_kwargs(conf.database_alias())
     listener = None
     if listen:

@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from outbox_notify.events import consumer as consumers
 from outbox_notify.events import dead_letters
-from outbox_notify.management.commands._common import logs_to_stderr, one_line, whole_number
+from outbox_notify.management.commands._common import (
+    OutboxCommand,
+    logs_to_stderr,
+    one_line,
+    whole_number,
+)
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Lists (non-destructively) or replays the dead letters of one events Consumer."""
 
     help = (

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import listing
 from outbox_notify.management.commands._common import (
+    OutboxCommand,
     logs_to_stderr,
     reported,
     seconds,
@@ -20,7 +21,7 @@ NEEDS = "SELECT on outbox_notify_message_v1 and outbox_notify_dead_letter_v1"
 PROGRESS_FROM = 5_000  # rows: a --limit from which reading shows progress on a terminal
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Lists outbox rows in one state, filtered, as a table or JSON lines."""
 
     help = (

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.management.commands._common import logs_to_stderr, reported, whole_number
+from outbox_notify.management.commands._common import (
+    OutboxCommand,
+    logs_to_stderr,
+    reported,
+    whole_number,
+)
 from outbox_notify.management.commands._progress import Progress
 
 NEEDS = "SELECT, UPDATE and DELETE on outbox_notify_dead_letter_v1"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Deletes dead letters older than N days, chunk by chunk; --dry-run only reports."""
 
     help = (

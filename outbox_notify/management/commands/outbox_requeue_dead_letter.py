@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.management.commands._common import logs_to_stderr, reported, whole_number
+from outbox_notify.management.commands._common import (
+    OutboxCommand,
+    logs_to_stderr,
+    reported,
+    whole_number,
+)
 from outbox_notify.management.commands._progress import Progress
 
 NEEDS = (
@@ -16,7 +21,7 @@ NEEDS = (
 )
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Requeues dead letters chosen by id, task name or all, with retries reset."""
 
     help = (

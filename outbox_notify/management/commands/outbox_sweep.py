@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from outbox_notify.management.commands._common import (
     RELAY_NEEDS,
+    OutboxCommand,
     logs_to_stderr,
     reported,
     require_relay_privileges,
@@ -19,7 +20,7 @@ from outbox_notify.relay.reporting import Tally
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Publish every row that is due now, then exit."""
 
     help = (
