@@ -162,7 +162,9 @@ holder AS MATERIALIZED (
                    AS seconds,
                a.pid, coalesce(nullif(a.application_name, ''), a.usename::text, '') AS name
         FROM pg_stat_activity AS a
+        -- Another database's sessions do not hold this database's tables back.
         WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND a.datname = current_database()
         UNION ALL
         SELECT 'standby', age(r.backend_xmin), NULL, r.pid, coalesce(r.application_name, '')
         FROM pg_stat_replication AS r
