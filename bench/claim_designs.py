@@ -58,10 +58,10 @@ FILL = pgsql.SQL(
     " SELECT md5(n::text), 'bench.add', '[1, 2]', '{{}}', '{{}}', %(version)s, %(part)s"
     " FROM generate_series(1, %(rows)s) AS n"
 )
-FILL_OUTBOX = pgsql.SQL(
+FILL_OUTBOX = (
     "INSERT INTO outbox_notify_message_v1"
     " (task_id, task_name, args, kwargs, options, schema_version)"
-    " SELECT md5(n::text), 'bench.add', '[1, 2]', '{{}}', '{{}}', %(version)s"
+    " SELECT md5(n::text), 'bench.add', '[1, 2]', '{}', '{}', %(version)s"
     " FROM generate_series(1, %(rows)s) AS n"
 )
 SCAN = pgsql.SQL(
@@ -316,10 +316,10 @@ def late_commit_found(dsn: str, relay: Design) -> bool:
         return bool(relay.claim(BATCH))
 
 
-def run(sizes: Sequence[int]) -> dict[str, Any]:
+def run(sizes: Sequence[int], designs: Sequence[str] = DESIGNS) -> dict[str, Any]:
     figures: dict[str, Any] = {"sizes": list(sizes), "batch": BATCH, "designs": {}}
     with server_url() as url:
-        for design in DESIGNS:
+        for design in designs:
             figures["designs"][design] = {}
             for read_outbox in (False, True):
                 with scratch_database(url) as dsn:
@@ -355,12 +355,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.claim_designs")
     parser.add_argument("--dead", help="comma-separated dead-row counts")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}")
+    parser.add_argument("--designs", help=f"comma-separated, of {', '.join(DESIGNS)}")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.dead:
         sizes = tuple(int(n) for n in args.dead.split(","))
-    figures = run(sizes)
+    designs = tuple(args.designs.split(",")) if args.designs else DESIGNS
+    figures = run(sizes, designs)
     print(markdown(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")

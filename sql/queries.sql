@@ -167,6 +167,7 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND m.id NOT IN (SELECT id FROM picked)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
                        WHERE b.walked_txid IS NOT NULL),
+        'walked_n', (SELECT count(*) FROM walked),
         'walked_left', ARRAY(
             SELECT w.id FROM walked AS w
             WHERE w.retry_after <= statement_timestamp()

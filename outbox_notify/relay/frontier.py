@@ -56,6 +56,7 @@ class Seen:
     late_left: Sequence[int]
     due_left: Sequence[int]
     walked_end: tuple[int, int] | None
+    walked: int  # newly scheduled rows the claim read (at most WALK)
     walked_left: Sequence[int]
     ready_left: Sequence[tuple[int, int]]  # (txid, id)
 
@@ -74,6 +75,7 @@ class Seen:
             late_left=[int(i) for i in data.get("late_left") or ()],
             due_left=[int(i) for i in data.get("due_left") or ()],
             walked_end=(int(end[0]), int(end[1])) if end else None,
+            walked=int(data.get("walked_n") or 0),
             walked_left=[int(i) for i in data.get("walked_left") or ()],
             ready_left=[(int(x), int(i)) for x, i in data.get("ready_left") or ()],
         )
@@ -183,6 +185,10 @@ class Frontier:
         self._absorb_due(taken, seen, exhausted)
         if seen.walked_end is not None:
             self.scheduled = max(self.scheduled, seen.walked_end)
+        if seen.walked < WALK:
+            # Every scheduled row written by a transaction below the snapshot's xmax was read:
+            # the rest are dead or rolled back, or still being written (looked up below).
+            self.scheduled = max(self.scheduled, (seen.xmax - 1, LAST_ID))
         self.recheck.update(seen.walked_left)
         self._absorb_ready(taken, seen, exhausted)
         self.recheck -= taken_ids
@@ -206,9 +212,10 @@ class Frontier:
     def _absorb_ready(self, taken: Sequence[Taken], seen: Seen, exhausted: bool) -> None:
         ready = [(r.txid, r.id) for r in taken if r.part == READY]
         if exhausted:
-            passed = [*ready, *seen.ready_left]
-            if passed:
-                self.ready = max(self.ready, *passed)
+            # Every ready row written by a transaction below the snapshot's xmax was read:
+            # the rest are published (dead rows, which the next claim must not read again,
+            # whoever deleted them), rolled back, or still being written (looked up by txid).
+            self.ready = max(self.ready, *ready, *seen.ready_left, (seen.xmax - 1, LAST_ID))
         elif ready:
             self.ready = max(ready)
         else:

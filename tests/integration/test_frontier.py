@@ -126,6 +126,25 @@ def test_a_claim_does_not_read_the_rows_published_before_it(
     assert len(_publish_all(relay)) == 10
 
 
+def test_rows_another_relay_published_are_read_at_most_once(
+    new_store: Any, old_snapshot: psycopg.Connection[Any]
+) -> None:
+    """A relay that idled while another published 20,000 rows reads those dead rows once, then
+    never again: a claim that reads to the end moves past every transaction it could see."""
+    idle, busy = new_store(), new_store()
+    with _connect() as writer:
+        _publish_all(idle)
+        for _ in range(40):
+            _insert(writer, 500)
+            _publish_all(busy, limit=500)
+        _publish_all(idle)  # reads the dead rows once
+        _insert(writer, 10)
+    after = _claim_buffers(idle.frontier, limit=100)
+    from_start = _claim_buffers(Frontier(), limit=100)
+    assert from_start > 150, from_start
+    assert after * 10 < from_start, (after, from_start)
+
+
 def test_a_row_whose_transaction_commits_late_is_claimed_at_its_commit(new_store: Any) -> None:
     """A row written by a transaction still open while later rows are published is claimed at commit."""
     relay = new_store()

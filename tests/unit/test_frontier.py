@@ -8,6 +8,7 @@ from typing import Any
 from outbox_notify.relay.frontier import (
     DUE,
     LAST_ID,
+    WALK,
     READY,
     RECHECK,
     START_TIME,
@@ -28,6 +29,7 @@ def _seen(limit: int = 10, picked: int = 0, **report: Any) -> Seen:
         "late_left": [],
         "due_left": [],
         "walked_end": None,
+        "walked": 0,
         "walked_left": [],
         "ready_left": [],
         **report,
@@ -39,15 +41,20 @@ def _ready(txid: int, id: int) -> Taken:
     return Taken(id=id, part=READY, txid=txid, retry_after=None)
 
 
-def test_a_claim_that_did_not_fill_up_moves_ready_past_everything_it_read() -> None:
-    """Read to the end: the ready frontier passes the rows taken and the rows others held."""
+def test_a_claim_that_did_not_fill_up_moves_ready_past_every_transaction_it_could_see() -> None:
+    """Read to the end: the ready frontier passes the snapshot's xmax, so rows published by
+    anyone (dead rows) are never read again; the rows others held are rechecked by id."""
     frontier = Frontier()
     asked = frontier.params()
     frontier.absorb(
-        asked, [_ready(10, 1), _ready(12, 3)], _seen(picked=2, ready_left=[(11, 2), (13, 4)])
+        asked,
+        [_ready(10, 1), _ready(12, 3)],
+        _seen(picked=2, ready_left=[(11, 2), (13, 4)], xmax=20, in_progress=frozenset({14})),
     )
-    assert frontier.ready == (13, 4)
+    assert frontier.ready == (19, LAST_ID)
     assert frontier.recheck == {2, 4}
+    assert frontier.late == {14}  # its rows may still land behind the frontier
+    assert frontier.scheduled == (19, LAST_ID)  # fewer than WALK new scheduled rows read
 
 
 def test_a_full_claim_moves_ready_only_to_its_last_row_taken() -> None:
@@ -78,7 +85,7 @@ def test_running_transactions_behind_the_frontier_are_looked_up_once_they_end() 
     frontier.absorb(
         frontier.params(),
         [_ready(20, 5)],
-        _seen(picked=1, in_progress=frozenset({15, 25}), xmax=30),
+        _seen(limit=1, picked=1, in_progress=frozenset({15, 25}), xmax=30, walked=WALK),
     )
     assert frontier.late == {15}  # 25 is ahead of the frontier: the forward read finds it
     still_running = _seen(picked=0, in_progress=frozenset({15}), xmax=31)
