@@ -132,6 +132,8 @@ class Design:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.conn = psycopg.connect(dsn)
+        # Prepared at once, as a relay's claim is after its first few: no planning timed.
+        self.conn.prepare_threshold = 0
 
     def close(self) -> None:
         self.conn.close()
