@@ -24,6 +24,8 @@ BATCH_DURATION = "outbox_notify.batch.duration"
 LAG = "outbox_notify.lag"
 QUEUE_DEPTH = "outbox_notify.queue.depth"
 QUEUE_OLDEST = "outbox_notify.queue.oldest_seconds"
+DEAD_ROWS = "outbox_notify.table.dead_rows"
+OLDEST_SNAPSHOT = "outbox_notify.table.oldest_snapshot_seconds"
 
 OTHER_TASKS = "other"  # the task_name tag of every name past the cardinality cap
 _UNSAFE_TAG_CHARS = re.compile(r"[^A-Za-z0-9_.:/\-]")
@@ -40,6 +42,7 @@ class Metrics(Protocol):
     def batch(self, size: int, seconds: float) -> None: ...
     def lag(self, seconds: float) -> None: ...
     def queue(self, depth: int, oldest_seconds: float) -> None: ...
+    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None: ...
 
 
 class NullMetrics:
@@ -64,6 +67,9 @@ class NullMetrics:
         return None
 
     def queue(self, depth: int, oldest_seconds: float) -> None:
+        return None
+
+    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
         return None
 
 
@@ -124,6 +130,10 @@ class DogStatsdMetrics:
     def queue(self, depth: int, oldest_seconds: float) -> None:
         self._send("gauge", QUEUE_DEPTH, depth)
         self._send("gauge", QUEUE_OLDEST, oldest_seconds)
+
+    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+        self._send("gauge", DEAD_ROWS, dead_rows)
+        self._send("gauge", OLDEST_SNAPSHOT, snapshot_seconds)
 
     def close(self) -> None:
         """Close the client's socket (on shutdown; a later metric call reopens it)."""

@@ -21,7 +21,9 @@ from psycopg.rows import tuple_row
 
 from outbox_notify import held
 from outbox_notify import sql as sql_files
-from outbox_notify.serialization import EVENT_VERSION
+from outbox_notify.relay.frontier import Frontier
+from outbox_notify.relay.store import SnapshotHolder, gauges_from
+from outbox_notify.serialization import EVENT_VERSION, SCHEMA_VERSION
 
 EXACT_LIMIT = 10_000  # rows: a LIMITed count reads at most this many before estimating
 FAILING_WINDOW = 10_000  # rows: failing outbox rows and recent dead letters top_failing reads
@@ -79,6 +81,10 @@ class OutboxStats:
     # Domain events by type (outbox_notify.events), most numerous first; counted in the
     # figures above too, where an event is one more message.
     events: tuple[EventType, ...] = ()
+    # Rows deleted or updated that vacuum has not removed yet, and the oldest snapshot that
+    # keeps it from removing them (None when there is none this role may see).
+    dead_rows: int = 0
+    oldest_snapshot: SnapshotHolder | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready data (the `outbox_stats --format json` document)."""
@@ -87,6 +93,8 @@ class OutboxStats:
         data["exact"] = dict(self.exact)
         data["scheduled"] = held.as_json(self.scheduled)
         data["events"] = [dataclasses.asdict(event) for event in self.events]
+        holder = self.oldest_snapshot
+        data["oldest_snapshot"] = None if holder is None else dataclasses.asdict(holder)
         return data
 
 
@@ -106,14 +114,31 @@ def queries() -> dict[str, str]:
 
 @contextlib.contextmanager
 def cursor(connection: Any) -> Iterator[Cursor]:
-    """A cursor on a psycopg connection (in its own transaction) or a Django connection."""
+    """A cursor on a psycopg connection or a Django connection, in a transaction of its own
+    (a savepoint inside the caller's), so settings made with set_config(..., true) hold for
+    its statements and no longer."""
     if isinstance(connection, psycopg.Connection):
         # A transaction block so a non-autocommit connection is not left idle in transaction.
         with connection.transaction(), connection.cursor(row_factory=tuple_row) as cur:
             yield cur
     else:
-        with connection.cursor() as cur:
+        from django.db import transaction
+
+        with transaction.atomic(using=connection.alias), connection.cursor() as cur:
             yield cur
+
+
+def frontier_params(cur: Cursor) -> dict[str, Any]:
+    """Where the newest frontier a relay saved stands, as query parameters (see _pending).
+
+    Without one (no relay has run yet) the reads start at the beginning of each index.
+    """
+    frontier = Frontier()
+    cur.execute(sql_files.queries()["load_frontier"], {"max_version": SCHEMA_VERSION})
+    row = cur.fetchone()
+    state = None if row is None else row[0]
+    frontier.load(json.loads(state) if isinstance(state, str | bytes) else state)
+    return frontier.params()
 
 
 def scalar(cur: Cursor, name: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -131,9 +156,15 @@ def planner_rows(cur: Cursor, name: str) -> int:
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
-def bounded_count(cur: Cursor, count_query: str, estimate_query: str, limit: int) -> Count:
+def bounded_count(
+    cur: Cursor,
+    count_query: str,
+    estimate_query: str,
+    limit: int,
+    params: Mapping[str, Any] | None = None,
+) -> Count:
     """Exact count when under `limit` rows, else the planner's estimate (never below limit)."""
-    counted = int(scalar(cur, count_query, {"limit": limit + 1}))
+    counted = int(scalar(cur, count_query, {**(params or {}), "limit": limit + 1}))
     if counted <= limit:
         return Count(value=counted, exact=True)
     return Count(value=max(planner_rows(cur, estimate_query), counted), exact=False)
@@ -158,11 +189,13 @@ def top_failing(cur: Cursor, top: int, window: int) -> tuple[tuple[FailingTask, 
     return tasks, not any(row[4] for row in rows)
 
 
-def events_by_type(cur: Cursor, top: int, window: int) -> tuple[tuple[EventType, ...], bool]:
+def events_by_type(
+    cur: Cursor, top: int, window: int, frontier: Mapping[str, Any]
+) -> tuple[tuple[EventType, ...], bool]:
     """The `top` event types with most rows, and whether the figures cover every row."""
     if top <= 0:
         return (), True
-    params = {"top": top, "window": window, "version": EVENT_VERSION}
+    params = {**frontier, "top": top, "window": window, "version": EVENT_VERSION}
     cur.execute(queries()["events_by_type"], params)
     rows = cur.fetchall()
     found = tuple(
@@ -191,15 +224,24 @@ def collect(
     `top` bounds top_failing, and the event types too unless `event_types` says otherwise.
     """
     with cursor(connection) as cur:
-        depth = bounded_count(cur, "count_messages_upto", "estimate_messages", exact_limit)
+        cur.execute(queries()["plan_like_the_relay"])
+        frontier = frontier_params(cur)
+        depth = bounded_count(
+            cur, "count_messages_upto", "estimate_messages", exact_limit, frontier
+        )
         retrying = bounded_count(cur, "count_retrying_upto", "estimate_retrying", exact_limit)
         dead = bounded_count(cur, "count_dead_letters_upto", "estimate_dead_letters", exact_limit)
         failing, failing_exact = top_failing(cur, top, failing_window)
         types = top if event_types is None else event_types
-        by_type, events_exact = events_by_type(cur, types, failing_window)
+        by_type, events_exact = events_by_type(
+            cur, types, failing_window, {**frontier, "limit": exact_limit}
+        )
         listening, claims, oldest_claim = relay_sessions(cur)
         scheduled = held.scheduled(cur, exact_limit)
-        oldest = scalar(cur, "oldest_pending", {"window": exact_limit})
+        oldest = scalar(
+            cur, "oldest_pending", {**frontier, "limit": exact_limit, "window": exact_limit}
+        )
+        dead_rows, holder = vacuum_horizon(cur)
         return OutboxStats(
             queue_depth=depth.value,
             due_now=max(depth.value - retrying.value - scheduled.count, 0),
@@ -221,7 +263,16 @@ def collect(
             },
             scheduled=scheduled,
             events=by_type,
+            dead_rows=dead_rows,
+            oldest_snapshot=holder,
         )
+
+
+def vacuum_horizon(cur: Cursor) -> tuple[int, SnapshotHolder | None]:
+    """The outbox's dead rows, and the oldest snapshot keeping vacuum from removing them."""
+    cur.execute(queries()["vacuum_horizon"])
+    gauges = gauges_from((0, None, None, *cur.fetchone()))
+    return gauges.dead_rows, gauges.holder
 
 
 def format_text(stats: OutboxStats) -> str:
@@ -240,6 +291,8 @@ def format_text(stats: OutboxStats) -> str:
         f"relays_listening       {stats.relays_listening}",
         f"claims_open            {stats.claims_open}",
         f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
+        f"dead_rows              {stats.dead_rows}",
+        f"oldest_snapshot        {_holder_text(stats.oldest_snapshot)}",
         *held.as_text(stats.scheduled),
         *_events_text(stats),
         f"top_failing{' (sample)' if mark('top_failing') else ''}:",
@@ -249,6 +302,15 @@ def format_text(stats: OutboxStats) -> str:
         for t in stats.top_failing
     ] or ["  (none)"]
     return "\n".join(lines)
+
+
+def _holder_text(holder: SnapshotHolder | None) -> str:
+    """The oldest snapshot holding dead rows back, as one line (or 'none visible')."""
+    if holder is None:
+        return "none visible"
+    held_for = "" if holder.seconds is None else f" for {holder.seconds:.0f} s"
+    pid = "" if holder.pid is None else f" pid {holder.pid}"
+    return f"{holder.kind}{pid} {holder.name!r}{held_for}, {holder.xids} transactions old"
 
 
 def _events_text(stats: OutboxStats) -> list[str]:

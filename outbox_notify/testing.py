@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from outbox_notify import conf, sql
 from outbox_notify.events.envelope import CONTENT_TYPE, Envelope, decode
 from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.frontier import Frontier
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
@@ -27,6 +28,7 @@ from outbox_notify.relay.store import (
     Outcome,
     Peek,
     QueueGauges,
+    claimed_rows,
     finalize_params,
     gauge_params,
     gauges_from,
@@ -123,12 +125,17 @@ class SavepointStore:
 
     @contextlib.contextmanager
     def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[SavepointClaim]:
-        """Claim rows inside a savepoint; an exception rolls the savepoint back."""
+        """Claim rows inside a savepoint; an exception rolls the savepoint back.
+
+        Every claim reads the table from its start (a new relay's frontier): the test's rows
+        share the test's one transaction, so the frontier a relay keeps between transactions
+        has nothing to go by, and a test's table holds few rows.
+        """
+        params = {**Frontier().params(), "limit": limit, "max_version": SCHEMA_VERSION}
         with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
-            cursor.execute(
-                self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
-            )
-            yield SavepointClaim(self, [ClaimedRow(*values) for values in cursor.fetchall()])
+            cursor.execute(self.queries["claim_batch"], params)
+            rows, _, _ = claimed_rows(cursor.fetchall(), limit)
+            yield SavepointClaim(self, rows)
 
     def apply(self, outcome: Outcome) -> None:
         """Run the finalising statement of a batch."""
@@ -138,16 +145,17 @@ class SavepointStore:
     def peek(self) -> Peek:
         """Nothing waits in tests: report claimable work only."""
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION})
+            cursor.execute(
+                self.queries["peek"], {**Frontier().params(), "max_version": SCHEMA_VERSION}
+            )
             claimable, due, next_due_in = cursor.fetchone()
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
     def queue_gauges(self) -> QueueGauges:
         """Queue depth and oldest pending age, through the relay's own gauge query."""
         with connections[self.alias].cursor() as cursor:
-            cursor.execute(self.queries["queue_gauges"], gauge_params())
-            counted, estimated, oldest = cursor.fetchone()
-        return gauges_from(int(counted), estimated, oldest)
+            cursor.execute(self.queries["queue_gauges"], {**Frontier().params(), **gauge_params()})
+            return gauges_from(cursor.fetchone())
 
     def send_probe(self, payload: str) -> None:
         """NOTIFY the probe channel inside the test's transaction (sent if it ever commits)."""

@@ -35,5 +35,8 @@ FROM (VALUES
     ('outbox_notify_message_v1', 'UPDATE', 'retry_after'),
     ('outbox_notify_message_v1', 'UPDATE', 'last_error'),
     ('outbox_notify_message_v1', 'DELETE', NULL),
-    ('outbox_notify_dead_letter_v1', 'INSERT', NULL)
+    ('outbox_notify_dead_letter_v1', 'INSERT', NULL),
+    ('outbox_notify_frontier_v1', 'SELECT', NULL),
+    ('outbox_notify_frontier_v1', 'INSERT', NULL),
+    ('outbox_notify_frontier_v1', 'UPDATE', NULL)
 ) AS needed (tbl, privilege, col);

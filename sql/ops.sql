@@ -5,9 +5,21 @@
 -- Every query here must stay cheap on tables of millions of rows: exact counts only where an
 -- index or a LIMIT bounds the work, planner estimates otherwise.
 
+-- name: plan_like_the_relay
+-- Read the indexes in order whatever the table's statistics say, as the relay's claims do
+-- (sql/queries.sql, set_claim_timeout), without JIT compiling: for this transaction only.
+SELECT set_config('jit', 'off', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_sort', 'off', true);
+
 -- name: count_messages_upto
--- Exact queue depth when it is small: stops reading after %(limit)s rows.
-SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped;
+-- Exact queue depth when it is small: the rows `pending` holds (see sql/fragments.sql), read
+-- from the newest frontier a relay saved, each forward read stopping after %(limit)s rows.
+-- Rows published and deleted, which an old snapshot keeps in the table, cost nothing.
+WITH
+-- include: _pending
+SELECT count(*) FROM pending;
 
 -- name: estimate_messages
 -- The planner's row estimate for the whole outbox (pg_class.reltuples scaled to the table's
@@ -15,19 +27,19 @@ SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS
 EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1;
 
 -- name: count_retrying_upto
--- Rows waiting for a retry that is not due yet; read through the partial retry_after index.
--- A row never tried (retries = 0, no last_error) is held until its ETA, not retrying: see
--- sql/held.sql.
+-- Rows waiting for a retry that is not due yet: rows that failed (a retry or a broker outage
+-- sets last_error) read through the failed index, so held rows cost nothing. A row never
+-- tried (retries = 0, no last_error) is held until its ETA, not retrying: see sql/held.sql.
 SELECT count(*) FROM (
     SELECT 1 FROM outbox_notify_message_v1
-    WHERE retry_after > now() AND (retries > 0 OR last_error IS NOT NULL)
+    WHERE (retries > 0 OR last_error IS NOT NULL) AND retry_after > now()
     LIMIT %(limit)s
 ) AS capped;
 
 -- name: estimate_retrying
 EXPLAIN (FORMAT JSON)
 SELECT 1 FROM outbox_notify_message_v1
-WHERE retry_after > now() AND (retries > 0 OR last_error IS NOT NULL);
+WHERE (retries > 0 OR last_error IS NOT NULL) AND retry_after > now();
 
 -- name: count_dead_letters_upto
 SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped;
@@ -36,37 +48,23 @@ SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s
 EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_dead_letter_v1;
 
 -- name: oldest_pending
--- Age of the oldest pending row. A row held until its ETA is not pending before its ETA, and
--- its age counts from the ETA after it; every other row's counts from created_at. The oldest
--- ready row comes first in the "ready now" index (ids grow with created_at); the scheduled
--- rows (retries, held rows) are read in retry_after order, up to %(window)s of them, so a
--- million rows held for tomorrow cost nothing.
-SELECT greatest(
-    (SELECT extract(epoch FROM clock_timestamp() - created_at)
-     FROM outbox_notify_message_v1
-     WHERE retry_after IS NULL
-     ORDER BY id
-     LIMIT 1),
-    (SELECT extract(epoch FROM clock_timestamp() - min(
-                CASE WHEN retries > 0 OR last_error IS NOT NULL THEN created_at
-                     WHEN retry_after <= now() THEN greatest(created_at, retry_after)
-                END))
-     FROM (SELECT created_at, retry_after, retries, last_error
-           FROM outbox_notify_message_v1
-           WHERE retry_after IS NOT NULL
-           ORDER BY retry_after
-           LIMIT %(window)s) AS scheduled),
-    0)::float8;
+-- Age of the oldest pending row (see _oldest_pending in sql/fragments.sql; the relay's
+-- queue_gauges reports the same), read from the newest frontier a relay saved.
+WITH
+-- include: _pending
+SELECT
+    -- include: _oldest_pending
+    ;
 
 -- name: top_failing
 -- Task names with the most retries, over bounded windows: up to %(window)s failing outbox
--- rows (found through the partial retry_after index: a failed row always has retry_after)
+-- rows (found through the failed index: a held row never failed, so costs nothing here)
 -- and the %(window)s most recent dead letters (through the dead_at index). `full_window`
 -- tells the caller whether a window was cut short, i.e. whether the figures are a sample.
 WITH failing AS (
     SELECT task_name, retries
     FROM outbox_notify_message_v1
-    WHERE retry_after IS NOT NULL AND retries > 0
+    WHERE retries > 0
     LIMIT %(window)s
 ),
 dead AS (
@@ -95,13 +93,14 @@ LIMIT %(top)s;
 
 -- name: events_by_type
 -- Domain events (schema_version %(version)s) by type, over bounded windows like top_failing:
--- among the %(window)s oldest outbox rows (through the primary key) and the %(window)s most
--- recent dead letters. `full_window` tells whether a window was cut short (a sample).
-WITH oldest AS (
-    SELECT task_name, schema_version
-    FROM outbox_notify_message_v1
-    ORDER BY id
-    LIMIT %(window)s
+-- among the pending rows (`pending`, read from the newest frontier a relay saved, up to
+-- %(limit)s rows per read) and the %(window)s most recent dead letters. `full_window` tells
+-- whether a window was cut short (a sample).
+WITH
+-- include: _pending
+,
+oldest AS (
+    SELECT task_name, schema_version FROM pending
 ),
 dead AS (
     SELECT task_name, schema_version
@@ -119,12 +118,24 @@ per_type AS (
 SELECT task_name,
        sum(pending)::bigint AS pending,
        sum(dead_letters)::bigint AS dead_letters,
-       (SELECT count(*) FROM oldest) >= %(window)s
+       (SELECT count(*) FROM oldest) >= %(limit)s
            OR (SELECT count(*) FROM dead) >= %(window)s AS full_window
 FROM per_type
 GROUP BY task_name
 ORDER BY sum(pending) + sum(dead_letters) DESC, task_name
 LIMIT %(top)s;
+
+-- name: vacuum_horizon
+-- The outbox's dead rows and the oldest snapshot that keeps vacuum from removing them (see
+-- _dead_rows and _snapshot_holder in sql/fragments.sql).
+WITH
+-- include: _snapshot_holder
+SELECT
+    -- include: _dead_rows
+        AS dead_rows,
+    h.kind, h.xids, h.seconds, h.pid, h.name
+FROM (SELECT 1) AS one
+LEFT JOIN holder AS h ON true;
 
 -- name: notify_queue_usage
 -- Fraction (0..1) of the server's NOTIFY queue in use; near 1, notifying commits fail.

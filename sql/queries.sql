@@ -18,50 +18,193 @@ COPY outbox_notify_message_v1
 FROM STDIN;
 
 -- name: claim_batch
--- Claims up to %(limit)s due rows for this relay's open transaction. The row locks are the
--- claim: another relay's SKIP LOCKED passes over them, and PostgreSQL releases them the moment
--- this relay commits, rolls back or dies. Rows of a newer schema_version are left for a newer
--- relay. (A plain SELECT ... LIMIT ... FOR UPDATE: the LIMIT sits above the row locking, so
--- the planner cannot lock more rows than it returns.)
+-- Claims up to %(limit)s claimable rows for this relay's open transaction, reading each index
+-- from the relay's frontier (outbox_notify/relay/frontier.py), never from its start: a row
+-- published and deleted stays in the indexes until no snapshot can see it, and a claim that
+-- started at the beginning would step over every one of them (docs/concepts.md, "Claims and
+-- dead rows"). The row locks are the claim: another relay's SKIP LOCKED passes over them, and
+-- PostgreSQL releases them the moment this relay commits, rolls back or dies. Rows of a newer
+-- schema_version are left for a newer relay.
 --
--- Two scans, one per index, so rows held until a later ETA cost a claim nothing: first the
--- due rows of the "scheduled" index (retries and held rows whose time has come, longest due
--- first), then the ready rows of the "ready now" index in id order. A CTE is read only as far
--- as the outer LIMIT asks, and each locks only what it returns, so the two lock at most
--- %(limit)s rows together. (One scan with `retry_after IS NULL OR retry_after <= now()` walks
--- the primary key and steps over every held row: docs/concepts.md shows both plans.)
--- created_at is, for a held row, its ETA: the relay's lag metric counts from the moment a
--- row became publishable. The last column is that moment's age at the claim, on the
--- database's clock, so the lag never compares the relay host's clock with the server's.
-WITH due AS (
-    SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
-           retries, schema_version,
-           CASE WHEN retries = 0 AND last_error IS NULL
-                THEN greatest(created_at, retry_after) ELSE created_at END,
-           greatest(extract(epoch FROM now() - CASE WHEN retries = 0 AND last_error IS NULL
-                THEN greatest(created_at, retry_after) ELSE created_at END), 0)::float8
-    FROM outbox_notify_message_v1
-    WHERE retry_after <= now()
-      AND schema_version <= %(max_version)s
-    ORDER BY retry_after
+-- Five parts, read in this order as far as the LIMIT asks (`part` tells which found a row):
+--   0 recheck  rows passed earlier while another session held them, or released, by id;
+--   1 late     rows of transactions that were in progress at earlier claims, by txid;
+--   2 due      scheduled rows (retries, held rows) fallen due since the due frontier;
+--   3 fresh    scheduled rows written since the scheduled frontier that are due already
+--              (up to %(walk)s new ones are read; the rest wait for the due part);
+--   4 ready    rows with no retry_after after the ready frontier, in (txid, id) order.
+-- A last row (part -1) carries what the relay needs to move its frontier: the snapshot's
+-- running transactions, the statement's time, and the rows of each part it read but could not
+-- take (locked by someone else, or beyond the LIMIT), to be read again by id.
+--
+-- `since` is, for a held row, its ETA: the relay's lag metric counts from the moment a row
+-- became publishable; `age` is that moment's age at the claim, on the database's clock.
+-- Due means retry_after <= statement_timestamp(): the statement's own time, which only grows
+-- from one claim to the next, even across the relay's two claim connections.
+WITH
+rechecked AS (
+    SELECT m.*, 0 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.id = ANY(%(recheck)s::bigint[])
+      AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
+      AND m.schema_version <= %(max_version)s
+    FOR UPDATE SKIP LOCKED
+),
+late_ready AS (
+    SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
+      AND m.schema_version <= %(max_version)s
+    FOR UPDATE SKIP LOCKED
+),
+late_due AS (
+    SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
+      AND m.schema_version <= %(max_version)s
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT m.*, 2 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after <= statement_timestamp()
+      AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+    ORDER BY m.retry_after, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
+walked AS MATERIALIZED (
+    SELECT w.id, w.txid, w.retry_after, w.schema_version FROM outbox_notify_message_v1 AS w
+    WHERE w.retry_after IS NOT NULL
+      AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+    ORDER BY w.txid, w.id
+    LIMIT %(walk)s
+),
+fresh AS (
+    SELECT m.*, 3 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.id IN (SELECT id FROM walked
+                   WHERE retry_after <= statement_timestamp()
+                     AND schema_version <= %(max_version)s)
+      AND m.retry_after <= statement_timestamp()
+      AND m.id NOT IN (SELECT id FROM due)
+    FOR UPDATE SKIP LOCKED
+),
 ready AS (
-    SELECT id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
-           retries, schema_version, created_at,
-           greatest(extract(epoch FROM now() - created_at), 0)::float8 AS age
-    FROM outbox_notify_message_v1
-    WHERE retry_after IS NULL
-      AND schema_version <= %(max_version)s
-    ORDER BY id
+    SELECT m.*, 4 AS part FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after IS NULL
+      AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+    ORDER BY m.txid, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-)
-SELECT * FROM due
+),
+picked AS MATERIALIZED (
+    SELECT * FROM rechecked
+    UNION ALL SELECT * FROM late_ready
+    UNION ALL SELECT * FROM late_due
+    UNION ALL SELECT * FROM due
+    UNION ALL SELECT * FROM fresh
+    UNION ALL SELECT * FROM ready
+    LIMIT %(limit)s
+),
+-- How far the due and ready parts read: to their last row taken (the claim filled up), or
+-- to their end (it did not). Aggregates, not ORDER BY ... LIMIT 1: the claim runs with sorts
+-- disabled.
+ends AS MATERIALIZED (
+    SELECT (SELECT count(*) FROM picked) AS n,
+           (SELECT max(retry_after) FROM picked WHERE part = 2) AS due_at,
+           (SELECT max(txid) FROM picked WHERE part = 4) AS ready_txid,
+           (SELECT max(txid) FROM walked) AS walked_txid
+),
+bounds AS MATERIALIZED (
+    SELECT e.n < %(limit)s AS exhausted,
+           e.due_at,
+           (SELECT max(p.id) FROM picked AS p
+            WHERE p.part = 2 AND p.retry_after = e.due_at) AS due_id,
+           e.ready_txid,
+           (SELECT max(p.id) FROM picked AS p
+            WHERE p.part = 4 AND p.txid = e.ready_txid) AS ready_id,
+           e.walked_txid,
+           (SELECT max(w.id) FROM walked AS w WHERE w.txid = e.walked_txid) AS walked_id,
+           e.n
+    FROM ends AS e
+),
+snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s)
+SELECT part, id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
+       retries, schema_version, since,
+       greatest(extract(epoch FROM now() - since), 0)::float8 AS age,
+       txid::text, retry_after, NULL::json AS meta
+FROM (SELECT p.*,
+             CASE WHEN p.retries = 0 AND p.last_error IS NULL AND p.retry_after IS NOT NULL
+                  THEN greatest(p.created_at, p.retry_after) ELSE p.created_at END AS since
+      FROM picked AS p) AS rows
 UNION ALL
-SELECT * FROM ready
-LIMIT %(limit)s;
+SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    json_build_object(
+        'n', (SELECT n FROM bounds),
+        'at', statement_timestamp(),
+        'xmax', (SELECT pg_snapshot_xmax(s)::text FROM snap),
+        'xip', ARRAY(SELECT x::text FROM snap, pg_snapshot_xip(s) AS x),
+        'recheck_left', ARRAY(
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE m.id = ANY(%(recheck)s::bigint[])
+              AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
+              AND m.schema_version <= %(max_version)s
+              AND m.id NOT IN (SELECT id FROM picked)),
+        'late_left', ARRAY(
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
+              AND m.schema_version <= %(max_version)s
+              AND m.id NOT IN (SELECT id FROM picked)
+            UNION ALL
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
+              AND m.schema_version <= %(max_version)s
+              AND m.id NOT IN (SELECT id FROM picked)),
+        'due_left', ARRAY(
+            SELECT m.id FROM outbox_notify_message_v1 AS m, bounds AS b
+            WHERE m.retry_after <= statement_timestamp()
+              AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+              AND m.schema_version <= %(max_version)s
+              AND (b.exhausted OR (m.retry_after, m.id) <= (b.due_at, b.due_id))
+              AND m.id NOT IN (SELECT id FROM picked)),
+        'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
+                       WHERE b.walked_txid IS NOT NULL),
+        'walked_n', (SELECT count(*) FROM walked),
+        'walked_left', ARRAY(
+            SELECT w.id FROM walked AS w
+            WHERE w.retry_after <= statement_timestamp()
+              AND w.schema_version <= %(max_version)s
+              AND w.id NOT IN (SELECT id FROM picked)),
+        'ready_left', (
+            SELECT json_agg(json_build_array(m.txid::text, m.id))
+            FROM outbox_notify_message_v1 AS m, bounds AS b
+            WHERE m.retry_after IS NULL
+              AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+              AND m.schema_version <= %(max_version)s
+              AND (b.exhausted OR (m.txid, m.id) <= (b.ready_txid, b.ready_id))
+              AND m.id NOT IN (SELECT id FROM picked))
+    );
+
+-- name: ensure_frontier_row
+-- The row this relay's schema version saves its frontier in (one per version: a relay loads
+-- only what a relay reading at least its versions saved, see load_frontier).
+INSERT INTO outbox_notify_frontier_v1 (max_version, state)
+VALUES (%(max_version)s, '{}')
+ON CONFLICT (max_version) DO NOTHING;
+
+-- name: load_frontier
+-- The newest frontier saved by a relay that reads every schema version this one reads: rows
+-- of a newer version it passed over are rows this relay could not publish either.
+SELECT state FROM outbox_notify_frontier_v1
+WHERE max_version >= %(max_version)s AND state::text <> '{}'
+ORDER BY saved_at DESC
+LIMIT 1;
+
+-- name: save_frontier
+-- Saves this relay's frontier for the relays and sweeps that start later, unless another
+-- relay's open claim is saving it right now (then that one's will do).
+UPDATE outbox_notify_frontier_v1 SET state = %(state)s::json, saved_at = now()
+WHERE max_version IN (SELECT f.max_version FROM outbox_notify_frontier_v1 AS f
+                      WHERE f.max_version = %(max_version)s
+                      FOR UPDATE SKIP LOCKED);
 
 -- name: delete_published
 -- The common end of a batch: every message went out.
@@ -99,36 +242,35 @@ SELECT task_id, task_name, args, kwargs, options, context, schema_version, retri
 FROM dead;
 
 -- name: peek
--- Before sleeping: is there a row this relay could claim now, is there a due row another
--- relay holds, and in how many seconds does the next retry or held row fall due? Each test
--- reads one index ("ready now" or "scheduled") from its end, so held rows cost nothing here.
-WITH due AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after <= now()
-      AND schema_version <= %(max_version)s
-    ORDER BY retry_after
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-),
-ready AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after IS NULL
-      AND schema_version <= %(max_version)s
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-)
+-- Before sleeping: is there a row this relay could claim now, is there one another session
+-- holds (it may let it go), and in how many seconds does the next retry or held row fall
+-- due? Every test reads from the relay's frontier (see _claimable), so neither held rows nor
+-- the rows already published cost anything here.
+WITH
+-- include: _claimable
 SELECT
-    EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable,
-    EXISTS (
-        SELECT 1 FROM outbox_notify_message_v1
-        WHERE retry_after <= now() AND schema_version <= %(max_version)s
+    f.claimable,
+    f.claimable
+    OR EXISTS (
+        SELECT 1 FROM outbox_notify_message_v1 AS m
+        WHERE m.id = ANY(%(recheck)s::bigint[])
+          AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
+          AND m.schema_version <= %(max_version)s
     ) OR EXISTS (
-        SELECT 1 FROM outbox_notify_message_v1
-        WHERE retry_after IS NULL AND schema_version <= %(max_version)s
+        SELECT 1 FROM outbox_notify_message_v1 AS m
+        WHERE m.retry_after IS NULL
+          AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+          AND m.schema_version <= %(max_version)s
+    ) OR EXISTS (
+        SELECT 1 FROM outbox_notify_message_v1 AS m
+        WHERE m.retry_after <= statement_timestamp()
+          AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+          AND m.schema_version <= %(max_version)s
     ) AS due,
-    (SELECT extract(epoch FROM min(retry_after) - now())::float8
-     FROM outbox_notify_message_v1 WHERE retry_after > now()) AS next_due_in;
+    (SELECT extract(epoch FROM min(m.retry_after) - statement_timestamp())::float8
+     FROM outbox_notify_message_v1 AS m
+     WHERE m.retry_after > statement_timestamp()) AS next_due_in
+FROM found AS f;
 
 -- name: set_claim_timeout
 -- Bounds a hung relay: if it sits idle inside its claim for this long, the server ends its
@@ -141,6 +283,7 @@ SELECT
 -- sort of every row, at every claim, until autovacuum analysed the table again (270 ms for a
 -- batch of 2,000 out of 100,000 fresh rows, against 11 ms by the index).
 SELECT set_config('idle_in_transaction_session_timeout', %(timeout_ms)s, true),
+       set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true),
        set_config('enable_sort', 'off', true);
@@ -167,6 +310,15 @@ UNLISTEN outbox_notify_v1_probe;
 -- name: notify_probe
 SELECT pg_notify('outbox_notify_v1_probe', %(payload)s);
 
+-- name: set_listen_plan
+-- The LISTEN connection's peeks and waits read the indexes in order whatever the table's
+-- statistics say, as claims do (set_claim_timeout), without JIT compiling them. Session-wide:
+-- this connection is never pooled (it only LISTENs once the probe showed it is direct).
+SELECT set_config('jit', 'off', false),
+       set_config('enable_seqscan', 'off', false),
+       set_config('enable_bitmapscan', 'off', false),
+       set_config('enable_sort', 'off', false);
+
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', %(timeout_ms)s, false);
 
@@ -192,27 +344,10 @@ SELECT pg_advisory_unlock(1869968482, 1), set_config('idle_session_timeout', '0'
 -- queue; otherwise queue for the lock for at most the session's lock_timeout. The writers'
 -- commit hands the lock over at once, so their rows are found without delay; a lock timeout
 -- (an error) means they still hold it. The CASE evaluates the lock only when nothing is
--- claimable (tested as the peek does, one index each). One statement per lock_timeout is
--- all a relay spends waiting for writers.
-WITH due AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after <= now()
-      AND schema_version <= %(max_version)s
-    ORDER BY retry_after
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-),
-ready AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after IS NULL
-      AND schema_version <= %(max_version)s
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-),
-found AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
-)
+-- claimable (tested from the relay's frontier, see _claimable). One statement per
+-- lock_timeout is all a relay spends waiting for writers.
+WITH
+-- include: _claimable
 SELECT claimable,
        CASE WHEN claimable THEN false
             ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1))
@@ -222,25 +357,8 @@ FROM found;
 -- name: await_wake_lock_bounded
 -- await_wake_lock on PostgreSQL 14+, setting idle_session_timeout with the lock as
 -- take_wake_lock_bounded does (set_config is undone with the statement on a lock timeout).
-WITH due AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after <= now()
-      AND schema_version <= %(max_version)s
-    ORDER BY retry_after
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-),
-ready AS (
-    SELECT id FROM outbox_notify_message_v1
-    WHERE retry_after IS NULL
-      AND schema_version <= %(max_version)s
-    ORDER BY id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
-),
-found AS MATERIALIZED (
-    SELECT EXISTS (SELECT 1 FROM due) OR EXISTS (SELECT 1 FROM ready) AS claimable
-)
+WITH
+-- include: _claimable
 SELECT claimable,
        CASE WHEN claimable THEN false
             ELSE (SELECT true FROM pg_advisory_lock(1869968482, 1)
@@ -249,37 +367,31 @@ SELECT claimable,
 FROM found;
 
 -- name: queue_gauges
--- The relay's queue gauges, from the outbox table alone (the relay role may read nothing
--- else): the depth, exact up to %(limit)s rows and beyond that the planner's way of
--- estimating it (rows per page at the last ANALYZE times the table's pages now), and the
--- oldest pending row's age on the database's clock, defined as ops.sql's oldest_pending
--- defines it for outbox_stats (a row held until its ETA is pending from its ETA on; up to
--- %(window)s scheduled rows are read). Keep the two in step.
+-- The relay's gauges, from the outbox table and from statistics views every role may read,
+-- the table read from the relay's frontier (the _pending fragment), never from the start of
+-- an index: the depth, exact up to %(limit)s rows and beyond that the planner's way of
+-- estimating it (rows per page at the last ANALYZE times the table's pages now); the oldest
+-- pending row's age (_oldest_pending, as outbox_stats reports it); the dead rows
+-- (_dead_rows); and the oldest snapshot holding them back (_snapshot_holder).
+WITH
+-- include: _pending
+,
+-- include: _snapshot_holder
 SELECT
-    (SELECT count(*) FROM (SELECT 1 FROM outbox_notify_message_v1 LIMIT %(limit)s) AS capped)
-        AS counted,
+    (SELECT count(*) FROM pending) AS counted,
     (SELECT CASE WHEN c.relpages > 0 AND c.reltuples > 0
                  THEN (c.reltuples / c.relpages
                        * (pg_relation_size(c.oid) / current_setting('block_size')::float8))
             END
      FROM pg_class AS c
      WHERE c.oid = 'outbox_notify_message_v1'::regclass)::float8 AS estimated,
-    greatest(
-        (SELECT extract(epoch FROM clock_timestamp() - created_at)
-         FROM outbox_notify_message_v1
-         WHERE retry_after IS NULL
-         ORDER BY id
-         LIMIT 1),
-        (SELECT extract(epoch FROM clock_timestamp() - min(
-                    CASE WHEN retries > 0 OR last_error IS NOT NULL THEN created_at
-                         WHEN retry_after <= now() THEN greatest(created_at, retry_after)
-                    END))
-         FROM (SELECT created_at, retry_after, retries, last_error
-               FROM outbox_notify_message_v1
-               WHERE retry_after IS NOT NULL
-               ORDER BY retry_after
-               LIMIT %(window)s) AS scheduled),
-        0)::float8 AS oldest_seconds;
+    -- include: _oldest_pending
+        AS oldest_seconds,
+    -- include: _dead_rows
+        AS dead_rows,
+    h.kind, h.xids, h.seconds, h.pid, h.name
+FROM (SELECT 1) AS one
+LEFT JOIN holder AS h ON true;
 
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or

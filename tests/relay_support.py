@@ -125,3 +125,10 @@ def decode_envelope(raw: bytes) -> dict[str, Any]:
         body = base64.b64decode(body)
     envelope["body"] = json.loads(body)
     return envelope
+
+
+def claim_params(limit: int, *, max_version: int) -> dict[str, Any]:
+    """Parameters of claim_batch for a relay that starts from nothing (a new relay's frontier)."""
+    from outbox_notify.relay.frontier import Frontier
+
+    return {**Frontier().params(), "limit": limit, "max_version": max_version}

@@ -20,6 +20,7 @@ from psycopg import errors as pg_errors
 from outbox_notify import sql
 from outbox_notify.exceptions import DatabaseUnavailable
 from outbox_notify.relay.config import LISTEN_APPLICATION_NAME, PROBE_CHANNEL
+from outbox_notify.relay.frontier import Frontier
 from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, Peek, translated
 from outbox_notify.serialization import SCHEMA_VERSION
 
@@ -82,8 +83,11 @@ class Listener:
         lock_wait: float,
         wake_fd: int | None,
         stale_timeout: float = 30.0,
+        frontier: Frontier | None = None,
     ) -> None:
         self.params = params
+        # The relay's claim positions: the peek and the wait behind writers read from them.
+        self.frontier = frontier if frontier is not None else Frontier()
         self.lock_wait_ms = str(max(1, int(lock_wait * 1000)))
         self.stale_timeout_ms = str(int(stale_timeout * 1000))
         self.bounded = False  # server has idle_session_timeout (PostgreSQL 14+)
@@ -119,6 +123,7 @@ class Listener:
         with translated("starting to LISTEN"):
             conn.execute(self.queries["listen"])
             conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
+            conn.execute(self.queries["set_listen_plan"])
 
     def close(self) -> None:
         """Close the connection (the server drops our lock and LISTEN with it)."""
@@ -192,7 +197,11 @@ class Listener:
         """
         conn = self._connection()
         query = self.queries["await_wake_lock_bounded" if self.bounded else "await_wake_lock"]
-        params = {"max_version": SCHEMA_VERSION, "timeout_ms": self.stale_timeout_ms}
+        params = {
+            **self.frontier.params(),
+            "max_version": SCHEMA_VERSION,
+            "timeout_ms": self.stale_timeout_ms,
+        }
         with self._closing_on_failure("waiting for the wake lock"):
             try:
                 row = conn.execute(query, params).fetchone()
@@ -238,7 +247,8 @@ class Listener:
         """The relay's one idle query, in autocommit (the row lock it tests is let go at once)."""
         conn = self._connection()
         with translated("peeking at the outbox"):
-            row = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION}).fetchone()
+            params = {**self.frontier.params(), "max_version": SCHEMA_VERSION}
+            row = conn.execute(self.queries["peek"], params).fetchone()
         claimable, due, next_due_in = row or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 

@@ -59,7 +59,14 @@ from outbox_notify.relay.reporting import (
     Reporters,
     lag,
 )
-from outbox_notify.relay.store import ClaimedRow, ClaimWouldWait, OpenClaim, Peek, Store
+from outbox_notify.relay.store import (
+    ClaimedRow,
+    ClaimWouldWait,
+    OpenClaim,
+    Peek,
+    QueueGauges,
+    Store,
+)
 
 log = structlog.get_logger("outbox_notify")
 
@@ -96,7 +103,13 @@ class Relay:
     RECONNECT_BASE = 0.1  # seconds
     RECONNECT_CAP = 10.0  # seconds
     DUE_SLACK = 0.001  # seconds added to a retry's due time so it is due when we wake
-    GAUGE_INTERVAL = 15.0  # seconds between queue depth/age samples (only with metrics on)
+    GAUGE_INTERVAL = 15.0  # seconds between gauge samples with metrics on
+    # Seconds between gauge samples with metrics off: only the dead-rows warning reads them.
+    VACUUM_CHECK_INTERVAL = 60.0
+    # Dead rows in the outbox past which the relay warns (outbox.vacuum_held_back), at most
+    # once per VACUUM_WARNING_INTERVAL seconds: claims do not slow down, but the table grows.
+    DEAD_ROWS_WARNING = 100_000
+    VACUUM_WARNING_INTERVAL = 300.0
     LIVENESS_MIN_INTERVAL = 1.0  # seconds: touch the liveness file no more often than this
     BUSY_LINGER = 0.002  # seconds between drains while rows keep coming (no sleep, no NOTIFY)
     # Rows a drain must have found for the relay to linger rather than sleep. Below it, the
@@ -139,6 +152,7 @@ class Relay:
         self.stop_announced = False
         self.connected = False
         self.next_gauges = 0.0
+        self.next_vacuum_warning = 0.0
         self.next_touch = 0.0
         self.drained = 0
 
@@ -256,20 +270,43 @@ class Relay:
         self.sleep_until_work()
 
     def sample_gauges(self, store: Store | None = None) -> None:
-        """Send queue depth and oldest age to metrics now and then (never when metrics are off).
+        """Sample the gauges now and then: to metrics (when on), and for the dead-rows warning.
 
         `store`: a claim connection with no claim open (the main one by default).
         """
-        if isinstance(self.metrics, NullMetrics) or self.clock.monotonic() < self.next_gauges:
+        metrics_on = not isinstance(self.metrics, NullMetrics)
+        now = self.clock.monotonic()
+        if now < self.next_gauges:
             return
-        self.next_gauges = self.clock.monotonic() + self.GAUGE_INTERVAL
+        self.next_gauges = now + (self.GAUGE_INTERVAL if metrics_on else self.VACUUM_CHECK_INTERVAL)
         try:
             gauges = (store or self.store).queue_gauges()
         except GaugeUnavailable as exc:
             # The connection is fine: report it and try again next interval, nothing more.
             log.warning("outbox.gauges_failed", error=str(exc))
             return
-        self.metrics.queue(gauges.depth, gauges.oldest_seconds)
+        if metrics_on:
+            self.metrics.queue(gauges.depth, gauges.oldest_seconds)
+            holder = gauges.holder
+            self.metrics.vacuum(gauges.dead_rows, (holder.seconds or 0.0) if holder else 0.0)
+        self.warn_if_vacuum_held_back(gauges)
+
+    def warn_if_vacuum_held_back(self, gauges: QueueGauges) -> None:
+        """outbox.vacuum_held_back when the dead rows pass DEAD_ROWS_WARNING (rate-limited)."""
+        now = self.clock.monotonic()
+        if gauges.dead_rows < self.DEAD_ROWS_WARNING or now < self.next_vacuum_warning:
+            return
+        self.next_vacuum_warning = now + self.VACUUM_WARNING_INTERVAL
+        holder = gauges.holder
+        log.warning(
+            "outbox.vacuum_held_back",
+            dead_rows=gauges.dead_rows,
+            holder=holder.kind if holder else None,
+            holder_pid=holder.pid if holder else None,
+            holder_name=holder.name if holder else None,
+            holder_seconds=round(holder.seconds, 1) if holder and holder.seconds else None,
+            holder_xids=holder.xids if holder else None,
+        )
 
     def drain(self) -> bool:
         """Process batches until one comes back short; False when the broker is down.

@@ -18,6 +18,7 @@ from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, Out
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.frontier import Frontier
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import overlaps
@@ -55,6 +56,7 @@ def build_relay(
     app = conf.celery_app()
     transport.require(app)  # kombu would raise a bare KeyError or ImportError further down
     params = connection_kwargs(conf.database_alias())
+    frontier = Frontier()  # where claims start; shared by every connection of this relay
     listener = None
     if listen:
         listen_params: dict[str, Any] | str = conf.listen_dsn() or params
@@ -63,14 +65,17 @@ def build_relay(
             lock_wait=config.lock_wait,
             wake_fd=wake_fd,
             stale_timeout=config.stale_timeout,
+            frontier=frontier,
         )
     broker = publisher_for(app, send_timeout=config.send_timeout)
     # A publisher with two batches in flight (RabbitMQ) claims the next one on a second claim
     # connection while the broker confirms the previous one.
-    spare = ClaimStore(params, stale_timeout=config.stale_timeout) if overlaps(broker) else None
+    spare = None
+    if overlaps(broker):
+        spare = ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
     return Relay(
         config,
-        store=ClaimStore(params, stale_timeout=config.stale_timeout),
+        store=ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier),
         spare_store=spare,
         listener=listener,
         publisher=ChordPublisher(SentEventPublisher(broker, app), app),

@@ -9,15 +9,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg import pq
+from psycopg.types.json import Json
 
 from outbox_notify import sql
 from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable, GaugeUnavailable
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
+from outbox_notify.relay.frontier import Frontier, Seen, Taken
 from outbox_notify.serialization import SCHEMA_VERSION
 
 # TCP keepalives so a relay notices a vanished server in seconds, not hours.
@@ -28,6 +32,10 @@ KEEPALIVES = {
     "keepalives_count": 3,
 }
 CONNECT_TIMEOUT = 10  # seconds
+# Seconds between saves of the frontier (outbox_notify_frontier_v1), each made inside a claim
+# that happens anyway: a relay or sweep starting later reads from there instead of from the
+# start of every index, which a long snapshot may have filled with published rows.
+FRONTIER_SAVE_INTERVAL = 5.0
 GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estimates
 
 
@@ -87,11 +95,25 @@ class Peek:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SnapshotHolder:
+    """What keeps vacuum from removing the outbox's dead rows (see _snapshot_holder)."""
+
+    kind: str  # session, standby, slot or prepared
+    xids: int  # how many transactions old its snapshot is
+    seconds: float | None  # for how long it has held it, where PostgreSQL says
+    pid: int | None
+    name: str  # application name, slot name or prepared transaction's gid
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class QueueGauges:
-    """The outbox's depth (exact up to GAUGE_EXACT_LIMIT rows) and its oldest row's age."""
+    """The outbox's depth (exact up to GAUGE_EXACT_LIMIT rows), its oldest row's age, its
+    dead rows and the oldest snapshot holding them back (if this role may see it)."""
 
     depth: int
     oldest_seconds: float
+    dead_rows: int = 0
+    holder: SnapshotHolder | None = None
 
 
 class ClaimWouldWait(Exception):
@@ -146,11 +168,16 @@ def translated(what: str) -> Iterator[None]:
 class ClaimStore:
     """Owns the claim connection and runs the relay's claim-side queries on it."""
 
-    def __init__(self, params: dict[str, Any], *, stale_timeout: float) -> None:
+    def __init__(
+        self, params: dict[str, Any], *, stale_timeout: float, frontier: Frontier | None = None
+    ) -> None:
         self.params = params
         self.stale_timeout_ms = str(int(stale_timeout * 1000))
         self.queries = sql.queries()
         self.conn: psycopg.Connection[Any] | None = None
+        # Where claims start: shared by a relay's claim connections and its LISTEN side.
+        self.frontier = frontier if frontier is not None else Frontier()
+        self.next_save = 0.0  # time.monotonic() of the next frontier save
 
     def connect(self) -> None:
         """Open the connection (closing a broken one first)."""
@@ -159,13 +186,38 @@ class ClaimStore:
         params["application_name"] = CLAIM_APPLICATION_NAME
         with translated("connecting the claim connection"):
             self.conn = psycopg.connect(**params, autocommit=False)
+        if not self.frontier.loaded:
+            self.load_frontier()
+
+    def load_frontier(self) -> None:
+        """Start from the frontier a relay saved last (see load_frontier in sql/queries.sql)."""
+        conn = self._connection()
+        version = {"max_version": SCHEMA_VERSION}
+        with translated("loading the saved frontier"), conn.pipeline():
+            conn.execute(self.queries["ensure_frontier_row"], version)
+            cursor = conn.execute(self.queries["load_frontier"], version)
+            conn.commit()
+        row = cursor.fetchone()
+        self.frontier.load(row[0] if row else None)
 
     def close(self) -> None:
-        """Close the connection; any open claim is rolled back by the server."""
+        """Save the frontier if the connection still works, then close it; an open claim is
+        rolled back by the server."""
         if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.save_frontier()
             with contextlib.suppress(Exception):
                 self.conn.close()
         self.conn = None
+
+    def save_frontier(self) -> None:
+        """Save the frontier now, in a transaction of its own (a stop, the end of a sweep)."""
+        conn = self._connection()
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            return  # inside a claim: its rows are held, it will save with it
+        with translated("saving the frontier"), conn.pipeline():
+            self._save(conn)
+            conn.commit()
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self.conn is None or self.conn.closed or self.conn.broken:
@@ -181,6 +233,7 @@ class ClaimStore:
         behind the other claim), give up and raise ClaimWouldWait instead of waiting for it.
         """
         conn = self._connection()
+        asked = self.frontier.params()
         try:
             with translated("claiming a batch"), conn.pipeline():
                 conn.execute(
@@ -189,8 +242,10 @@ class ClaimStore:
                 if lock_wait is not None:
                     wait = str(max(1, int(lock_wait * 1000)))
                     conn.execute(self.queries["set_claim_lock_wait"], {"wait": wait})
+                self._save_frontier_now_and_then(conn)
                 cursor = conn.execute(
-                    self.queries["claim_batch"], {"limit": limit, "max_version": SCHEMA_VERSION}
+                    self.queries["claim_batch"],
+                    {**asked, "limit": limit, "max_version": SCHEMA_VERSION},
                 )
                 if lock_wait is not None:  # the finalising statements wait as usual
                     conn.execute(self.queries["reset_claim_lock_wait"])
@@ -200,16 +255,32 @@ class ClaimStore:
                 raise ClaimWouldWait(str(exc.__cause__)) from exc
             raise
         with translated("claiming a batch"):
-            # Columns come in ClaimedRow's field order (see claim_batch in sql/queries.sql).
-            rows = [ClaimedRow(*values) for values in cursor.fetchall()]
+            rows, taken, seen = claimed_rows(cursor.fetchall(), limit)
+        self.frontier.absorb(asked, taken, seen)
+        ids = [row.id for row in rows]
+        self.frontier.hold(ids)
         claim = Claim(self, rows)
         try:
             yield claim
         except BaseException:
             self.rollback()
+            self.frontier.settle(ids, released=ids)
             raise
         if not claim.finished:
             self.rollback()
+            self.frontier.settle(ids, released=ids)
+
+    def _save_frontier_now_and_then(self, conn: psycopg.Connection[Any]) -> None:
+        """Queue a save of the frontier in the claim's pipeline, every FRONTIER_SAVE_INTERVAL."""
+        now = time.monotonic()
+        if now < self.next_save:
+            return
+        self.next_save = now + FRONTIER_SAVE_INTERVAL
+        self._save(conn)
+
+    def _save(self, conn: psycopg.Connection[Any]) -> None:
+        state = Json(self.frontier.state())
+        conn.execute(self.queries["save_frontier"], {"state": state, "max_version": SCHEMA_VERSION})
 
     def rollback(self) -> None:
         """Release every row of the open claim untouched."""
@@ -230,12 +301,14 @@ class ClaimStore:
     def peek(self) -> Peek:
         """Check for claimable and held work and the next retry time, in one statement."""
         conn = self._connection()
-        with translated("peeking at the outbox"):
-            conn.autocommit = True  # one statement, no BEGIN/COMMIT around it
-            try:
-                row = conn.execute(self.queries["peek"], {"max_version": SCHEMA_VERSION}).fetchone()
-            finally:
-                conn.autocommit = False
+        params = {**self.frontier.params(), "max_version": SCHEMA_VERSION}
+        # In a transaction of its own, with the claim's plan settings (they are local to it,
+        # so safe behind a pooler); the row it may lock to test is let go at the commit.
+        with translated("peeking at the outbox"), conn.pipeline():
+            conn.execute(self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms})
+            cursor = conn.execute(self.queries["peek"], params)
+            conn.commit()
+        row = cursor.fetchone()
         claimable, due, next_due_in = row or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
 
@@ -247,28 +320,30 @@ class ClaimStore:
             conn.commit()
 
     def queue_gauges(self) -> QueueGauges:
-        """Queue depth and the oldest row's age, from the outbox table alone, in one statement.
+        """The gauges of queue_gauges, read from the frontier, in one round trip.
 
-        A failure that leaves the connection usable (a permission, a timeout) raises
-        GaugeUnavailable, so a gauge never costs the relay its connections.
+        In a transaction of its own with the claim's plan settings (read the indexes from the
+        frontier whatever the statistics say). A failure that leaves the connection usable (a
+        permission, a timeout) raises GaugeUnavailable, so a gauge never costs the relay its
+        connections.
         """
         conn = self._connection()
+        params = {**self.frontier.params(with_held=True), **gauge_params()}
         with translated("sampling queue gauges"):
-            conn.autocommit = True  # one statement, no BEGIN/COMMIT around it
             try:
-                row = self._gauge_row(conn)
-            finally:
-                conn.autocommit = False
-        counted, estimated, oldest = row or (0, None, None)
-        return gauges_from(int(counted), estimated, oldest)
-
-    def _gauge_row(self, conn: psycopg.Connection[Any]) -> Any:
-        try:
-            return conn.execute(self.queries["queue_gauges"], gauge_params()).fetchone()
-        except psycopg.Error as exc:
-            if conn.broken or conn.closed:
-                raise  # translated into DatabaseUnavailable by the caller
-            raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
+                with conn.pipeline():
+                    conn.execute(
+                        self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
+                    )
+                    cursor = conn.execute(self.queries["queue_gauges"], params)
+                row = cursor.fetchone()
+                conn.commit()
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise  # translated into DatabaseUnavailable
+                self.rollback()
+                raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
+        return gauges_from(row)
 
 
 class Claim:
@@ -281,8 +356,44 @@ class Claim:
 
     def finish(self, outcome: Outcome) -> None:
         """Apply the outcome and commit; rows not named in it are released untouched."""
-        self.store.finish(outcome)
+        frontier = self.store.frontier
+        ids = [row.id for row in self.rows]
+        try:
+            self.store.finish(outcome)
+        except BaseException:
+            # Committed or not, the rows are free or gone: look at them again by id.
+            frontier.settle(ids, released=ids)
+            raise
         self.finished = True
+        ended = {*outcome.published, *(r.id for r in outcome.retry), *(d.id for d in outcome.dead)}
+        frontier.settle(ids, released=[i for i in ids if i not in ended])
+
+
+def claimed_rows(
+    records: list[tuple[Any, ...]], limit: int
+) -> tuple[list[ClaimedRow], list[Taken], Seen]:
+    """The rows claim_batch returned, once each, and what it reported (its part -1 row).
+
+    Columns come in ClaimedRow's field order after the part (see claim_batch). A row found by
+    two parts (a row to recheck that is also past the frontier) is taken once.
+    """
+    rows: list[ClaimedRow] = []
+    taken: list[Taken] = []
+    seen: Seen | None = None
+    ids: set[int] = set()
+    for part, *values, txid, retry_after, meta in records:
+        if part < 0:
+            seen = Seen.from_json(limit, meta)
+            continue
+        row = ClaimedRow(*values)
+        if row.id in ids:
+            continue
+        ids.add(row.id)
+        rows.append(row)
+        taken.append(Taken(id=row.id, part=part, txid=int(txid), retry_after=retry_after))
+    if seen is None:  # pragma: no cover - claim_batch always ends with its part -1 row
+        raise DatabaseUnavailable("claiming a batch: the claim query returned no summary row")
+    return rows, taken, seen
 
 
 def gauge_params() -> dict[str, int]:
@@ -290,12 +401,24 @@ def gauge_params() -> dict[str, int]:
     return {"limit": GAUGE_EXACT_LIMIT + 1, "window": GAUGE_EXACT_LIMIT}
 
 
-def gauges_from(counted: int, estimated: float | None, oldest: float | None) -> QueueGauges:
-    """The gauges from the queue_gauges query: the exact count while it stays under the cap."""
-    depth = counted
-    if counted > GAUGE_EXACT_LIMIT:
-        depth = max(counted, round(estimated or 0.0))
-    return QueueGauges(depth=depth, oldest_seconds=float(oldest or 0.0))
+def gauges_from(row: Sequence[Any] | None) -> QueueGauges:
+    """The gauges from a queue_gauges row: the exact count while it stays under the cap."""
+    counted, estimated, oldest, dead, kind, xids, seconds, pid, name = row or (0, *[None] * 8)
+    depth = int(counted)
+    if depth > GAUGE_EXACT_LIMIT:
+        depth = max(depth, round(estimated or 0.0))
+    holder = None
+    if kind is not None:
+        holder = SnapshotHolder(
+            kind=kind,
+            xids=int(xids),
+            seconds=None if seconds is None else float(seconds),
+            pid=pid,
+            name=name or "",
+        )
+    return QueueGauges(
+        depth=depth, oldest_seconds=float(oldest or 0.0), dead_rows=int(dead or 0), holder=holder
+    )
 
 
 def finalize_params(outcome: Outcome) -> dict[str, Any]:

@@ -56,11 +56,11 @@ def test_a_claim_after_a_burst_on_an_empty_analysed_table_reads_only_its_indexes
         plans.clear()
         with store.claim(BATCH) as claim:
             assert len(claim.rows) == BATCH
-        claim_plans = [p for p in plans if "outbox_notify_message_v1_ready_idx" in p]
+        claim_plans = [p for p in plans if "outbox_notify_message_v1_ready_txid_idx" in p]
         assert len(claim_plans) == 1, plans
         plan = claim_plans[0]
-        assert "Index Scan using outbox_notify_message_v1_ready_idx" in plan, plan
-        assert "Index Scan using outbox_notify_message_v1_retry_after_idx" in plan, plan
+        assert "Index Scan using outbox_notify_message_v1_ready_txid_idx" in plan, plan
+        assert "Index Scan using outbox_notify_message_v1_scheduled_idx" in plan, plan
         for node in ("Seq Scan", "Bitmap", "Sort"):
             assert node not in plan, plan
     finally:

@@ -275,6 +275,7 @@ def test_outbox_stats_works_for_the_documented_operator_grant_not_the_relay_role
     env = {**subprocess_env, "OUTBOX_TEST_DATABASE_URL": _server_url(pg_server_url, role)}
     grant("GRANT SELECT, UPDATE, DELETE ON outbox_notify_message_v1 TO {role}")
     grant("GRANT INSERT ON outbox_notify_dead_letter_v1 TO {role}")
+    grant("GRANT SELECT, INSERT, UPDATE ON outbox_notify_frontier_v1 TO {role}")
     _one_line(_run("outbox_stats", env), "permission denied for table outbox_notify_dead_letter_v1")
     statements = _documented_operator_grant()
     assert len(statements) == 2, statements

@@ -24,7 +24,8 @@ from django.urls import reverse
 from outbox_notify import OutboxCelery, bulk, held, stats
 from outbox_notify.app import RecordingProducer
 from outbox_notify.models import OutboxMessage
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.frontier import Frontier
+from outbox_notify.relay.store import claimed_rows, connection_kwargs
 from tests.celery_app import add, app
 from tests.integration.test_admin import (
     OUTBOX_LIST,
@@ -34,7 +35,7 @@ from tests.integration.test_admin import (
     post_action,
     relay_holds,
 )
-from tests.relay_support import RedisQueue, decode_envelope, wait_for
+from tests.relay_support import RedisQueue, claim_params, decode_envelope, wait_for
 
 __all__ = ["operator", "relay_holds"]  # the admin tests' fixtures, shared
 
@@ -58,9 +59,18 @@ def _session(autocommit: bool = True) -> psycopg.Connection[Any]:
 def _claim(query: str = NEW_CLAIM, limit: int = 100) -> list[str]:
     """Task ids a relay's claim takes now (released again at once)."""
     with _session(autocommit=False) as conn:
-        rows = conn.execute(query, {"limit": limit, "max_version": 1}).fetchall()
+        task_ids = _claimed(conn, query, limit)
         conn.rollback()
-    return [row[1] for row in rows]
+    return task_ids
+
+
+def _claimed(conn: psycopg.Connection[Any], query: str, limit: int) -> list[str]:
+    """Task ids one claim takes, by this release's claim or the old one (a new relay's)."""
+    if query is not NEW_CLAIM:
+        return [row[1] for row in conn.execute(query, {"limit": limit, "max_version": 1})]
+    records = conn.execute(query, claim_params(limit, max_version=1)).fetchall()
+    rows, _, _ = claimed_rows(records, limit)
+    return [row.task_id for row in rows]
 
 
 def _retry_after(task_id: str) -> dt.datetime | None:
@@ -164,7 +174,7 @@ def test_claim_takes_due_held_rows_first_and_locks_no_more_than_its_limit() -> N
         ready = [add.delay(n, n).id for n in range(5)]
     time.sleep(1.1)
     with _session(autocommit=False) as first:
-        taken = [r[1] for r in first.execute(NEW_CLAIM, {"limit": 4, "max_version": 1})]
+        taken = _claimed(first, NEW_CLAIM, 4)
         assert taken == [*due, ready[0]]
         # A second relay gets exactly the rest: the first locked only what it returned.
         assert _claim(limit=100) == ready[1:]
@@ -177,7 +187,7 @@ def test_peek_reports_the_next_held_row_for_the_relay_timer() -> None:
         add.apply_async((1, 1), countdown=30)
     with _session() as conn:
         claimable, due, next_due_in = conn.execute(
-            held.sql_files.queries()["peek"], {"max_version": 1}
+            held.sql_files.queries()["peek"], {**Frontier().params(), "max_version": 1}
         ).fetchone()
     assert (claimable, due) == (False, False)
     assert 28 < next_due_in <= 30

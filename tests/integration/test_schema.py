@@ -210,8 +210,9 @@ def test_migrate_builds_exactly_the_schema_of_install_sql(
         "outbox_notify_message_v1",
         "outbox_notify_dead_letter_v1",
         "outbox_notify_inbox_v1",
+        "outbox_notify_frontier_v1",
     }
-    assert _names(expected["triggers"], 1) == {"outbox_notify_wake_v1"}
+    assert _names(expected["triggers"], 1) == {"outbox_notify_wake_v1", "outbox_notify_restamp_v1"}
     assert "outbox_notify_relay" in str(expected["relations"])
     assert _catalogue(pg_server_url, by_migrate) == expected
 
@@ -238,6 +239,11 @@ def _table_columns(server_url: str, dbname: str, table: str) -> dict[str, bool]:
     return {name: nullable for name, nullable in rows}
 
 
+# Columns the database fills in itself and no model declares: Django would write them (4.2
+# has no db_default), and only the relay reads them.
+DATABASE_ONLY = {"outbox_notify_message_v1": {"txid": False}}
+
+
 @pytest.mark.parametrize(
     "model", [OutboxMessage, DeadLetter, InboxRecord], ids=lambda m: m.__name__
 )
@@ -249,7 +255,7 @@ def test_models_map_onto_the_sql_tables(
     _psql_install(pg_server_url, dbname)
     from_sql = _table_columns(pg_server_url, dbname, model._meta.db_table)
     from_model = {field.column: field.null for field in model._meta.concrete_fields}
-    assert from_model == from_sql
+    assert {**from_model, **DATABASE_ONLY.get(model._meta.db_table, {})} == from_sql
 
 
 def test_migrate_zero_removes_everything_and_migrating_again_restores_it(
@@ -278,18 +284,21 @@ def test_a_psql_install_faked_to_the_last_migration_then_migrates_cleanly(
     assert _catalogue(pg_server_url, by_hand) == _catalogue(pg_server_url, reference)
 
 
-def test_migrating_back_before_the_inbox_drops_only_the_inbox(
-    pg_server_url: str, fresh_database: Callable[[], str]
+def _migrations() -> list[str]:
+    return sorted(p.stem for p in (REPO / "outbox_notify" / "migrations").glob("[0-9]*.py"))
+
+
+@pytest.mark.parametrize("target", _migrations()[:-1])
+def test_migrating_back_gives_the_schema_of_migrating_forward_to_the_same_point(
+    target: str, pg_server_url: str, fresh_database: Callable[[], str]
 ) -> None:
-    """`migrate outbox_notify 0003_held` drops the inbox table and leaves the outbox as it was."""
-    dbname = fresh_database()
+    """`migrate outbox_notify N` from the latest undoes exactly what came after N; forward again works."""
+    dbname, reference = fresh_database(), fresh_database()
+    _migrate(pg_server_url, reference, target)
     _migrate(pg_server_url, dbname)
     full = _catalogue(pg_server_url, dbname)
-    _migrate(pg_server_url, dbname, "0003_held")
-    back = _catalogue(pg_server_url, dbname)
-    assert "outbox_notify_inbox_v1" not in _names(back["columns"])
-    assert back["columns"] == [r for r in full["columns"] if r[0] != "outbox_notify_inbox_v1"]
-    assert back["triggers"] == full["triggers"]
+    _migrate(pg_server_url, dbname, target)
+    assert _catalogue(pg_server_url, dbname) == _catalogue(pg_server_url, reference)
     _migrate(pg_server_url, dbname)
     assert _catalogue(pg_server_url, dbname) == full
 

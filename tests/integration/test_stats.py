@@ -18,6 +18,7 @@ from django.db import connections
 
 from outbox_notify import stats
 from outbox_notify.relay.store import connection_kwargs
+from tests.relay_support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: stats are read by other sessions (a psycopg connection, the relay-like
@@ -205,6 +206,8 @@ def test_json_format_has_the_documented_keys() -> None:
         "relays_listening",
         "claims_open",
         "oldest_claim_seconds",
+        "dead_rows",
+        "oldest_snapshot",
         "exact",
     } <= set(data)
     assert data["queue_depth"] == 1
@@ -258,3 +261,35 @@ def test_session_names_match_the_relay() -> None:
     query = stats.queries()["relay_sessions"]
     assert f"'{LISTEN_APPLICATION_NAME}'" in query
     assert f"'{CLAIM_APPLICATION_NAME}'" in query
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dead_rows_and_the_snapshot_holding_them_are_reported() -> None:
+    """With a session left in a REPEATABLE READ transaction, deleted rows stay dead, and
+    outbox_stats names that session as the oldest snapshot (this role sees every session)."""
+    # transaction=True: the rows must be committed and deleted by other sessions.
+    with connect("tests.old-snapshot", autocommit=False) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        with connect() as writer:
+            writer.execute(
+                "INSERT INTO outbox_notify_message_v1"
+                " (task_id, task_name, args, kwargs, options, schema_version)"
+                " SELECT 'dead-' || n, 'tests.add', '[]', '{}', '{}', 1"
+                " FROM generate_series(1, 2000) AS n"
+            )
+            writer.execute("DELETE FROM outbox_notify_message_v1")
+        # The writer's session has ended: its statistics reached the collector.
+        wait_for(lambda: stats.collect(connections["default"], top=0).dead_rows >= 2000)
+        snapshot = stats.collect(connections["default"], top=0)
+        holder_pid = holder.info.backend_pid
+    assert snapshot.oldest_snapshot is not None
+    assert (snapshot.oldest_snapshot.kind, snapshot.oldest_snapshot.name) == (
+        "session",
+        "tests.old-snapshot",
+    )
+    assert snapshot.oldest_snapshot.pid == holder_pid
+    assert (snapshot.oldest_snapshot.seconds or 0) >= 0
+    text = stats.format_text(snapshot)
+    assert "oldest_snapshot        session pid" in text
+    assert snapshot.as_dict()["oldest_snapshot"]["name"] == "tests.old-snapshot"

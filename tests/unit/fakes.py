@@ -17,7 +17,7 @@ from outbox_notify.exceptions import GaugeUnavailable
 from outbox_notify.relay.listener import LockState, Outwait, Wake
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
-from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, QueueGauges
+from outbox_notify.relay.store import ClaimedRow, Outcome, Peek, QueueGauges, SnapshotHolder
 
 OPTIONS = json.dumps({"headers": {"id": "x", "task": "t"}, "exchange": "", "routing_key": "q"})
 
@@ -57,6 +57,8 @@ class FakeStore:
         self.claims = 0
         self.gauges = 0
         self.gauge_error: str | None = None
+        self.dead_rows = 0
+        self.holder: SnapshotHolder | None = None
 
     def connect(self) -> None: ...
     def close(self) -> None: ...
@@ -82,7 +84,9 @@ class FakeStore:
         self.gauges += 1
         if self.gauge_error is not None:
             raise GaugeUnavailable(self.gauge_error)
-        return QueueGauges(depth=len(self.rows), oldest_seconds=1.5)
+        return QueueGauges(
+            depth=len(self.rows), oldest_seconds=1.5, dead_rows=self.dead_rows, holder=self.holder
+        )
 
     def send_probe(self, payload: str) -> None: ...
 

@@ -9,6 +9,7 @@ import pytest
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import Attempt, Result
+from outbox_notify.relay.store import SnapshotHolder
 from tests.unit.fakes import FakeClock, FakeStore, RecordingMetrics, ScriptedPublisher, row
 
 
@@ -92,21 +93,53 @@ def test_skipped_messages_are_released_untouched() -> None:
 
 
 @pytest.mark.parametrize("with_metrics", [False, True])
-def test_queue_gauges_sampled_only_with_metrics_and_at_most_every_interval(
-    with_metrics: bool,
-) -> None:
-    """Queue gauges cost a query, so they are sampled only when metrics are on, every 15 s."""
+def test_gauges_sampled_every_interval_more_often_with_metrics(with_metrics: bool) -> None:
+    """Gauges cost a query: every 15 s with metrics on, every 60 s (the dead-rows check) off."""
     metrics = RecordingMetrics() if with_metrics else None
     store = FakeStore([])
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
     r.sample_gauges()
     r.sample_gauges()
-    assert store.gauges == (1 if with_metrics else 0)
+    assert store.gauges == 1
+    r.clock.now += Relay.GAUGE_INTERVAL  # type: ignore[attr-defined]
+    r.sample_gauges()
+    assert store.gauges == (2 if with_metrics else 1)
+    r.clock.now += Relay.VACUUM_CHECK_INTERVAL  # type: ignore[attr-defined]
+    r.sample_gauges()
+    assert store.gauges == (3 if with_metrics else 2)
     if metrics is not None:
         assert ("queue", (0, 1.5)) in metrics.calls
-        r.clock.now += Relay.GAUGE_INTERVAL  # type: ignore[attr-defined]
+        assert ("vacuum", (0, 0.0)) in metrics.calls
+
+
+def test_dead_rows_past_the_threshold_warn_with_what_holds_them_at_most_every_interval() -> None:
+    """outbox.vacuum_held_back names the oldest snapshot's holder, once per interval."""
+    import structlog
+
+    holder = SnapshotHolder(kind="session", xids=12, seconds=600.0, pid=42, name="psql")
+    store = FakeStore([])
+    store.dead_rows, store.holder = Relay.DEAD_ROWS_WARNING, holder
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)))
+    with structlog.testing.capture_logs() as logs:
         r.sample_gauges()
-        assert store.gauges == 2
+        r.clock.now += Relay.VACUUM_CHECK_INTERVAL  # type: ignore[attr-defined]
+        r.sample_gauges()  # sampled again, not warned again
+        r.clock.now += Relay.VACUUM_WARNING_INTERVAL  # type: ignore[attr-defined]
+        r.sample_gauges()
+    warnings = [e for e in logs if e["event"] == "outbox.vacuum_held_back"]
+    assert store.gauges == 3
+    assert len(warnings) == 2
+    assert warnings[0]["holder_pid"] == 42
+    assert (warnings[0]["dead_rows"], warnings[0]["holder"], warnings[0]["holder_name"]) == (
+        Relay.DEAD_ROWS_WARNING,
+        "session",
+        "psql",
+    )
+    store.dead_rows = Relay.DEAD_ROWS_WARNING - 1
+    r.clock.now += Relay.VACUUM_WARNING_INTERVAL  # type: ignore[attr-defined]
+    with structlog.testing.capture_logs() as logs:
+        r.sample_gauges()
+    assert not [e for e in logs if e["event"] == "outbox.vacuum_held_back"]
 
 
 def test_outage_error_text_reaches_the_log() -> None:

@@ -73,7 +73,10 @@ class SharedStore:
             table.log.append(f"release {self.name}")
 
     def peek(self) -> Any: ...
-    def queue_gauges(self) -> Any: ...
+
+    def queue_gauges(self) -> QueueGauges:
+        return QueueGauges(depth=len(self.table.rows), oldest_seconds=0.0)
+
     def send_probe(self, payload: str) -> None: ...
 
 

@@ -13,8 +13,8 @@ from outbox_notify.management.commands._common import OutboxCommand, reported, s
 
 LAG_EXIT_CODE = 2  # distinct from 1 (any other error), so a probe can tell lag from a crash
 NEEDS = (
-    "SELECT on outbox_notify_message_v1, outbox_notify_dead_letter_v1 and outbox_notify_inbox_v1 "
-    "(and pg_read_all_stats to see other roles' relay sessions)"
+    "SELECT on outbox_notify_message_v1, outbox_notify_dead_letter_v1, outbox_notify_frontier_v1 "
+    "and outbox_notify_inbox_v1 (and pg_read_all_stats to see other roles' relay sessions)"
 )
 NOT_COMPUTED = "top_failing            not computed (--top 0)"
 

@@ -1,0 +1,233 @@
+"""Where a relay's next claim starts: the frontier that keeps claims off the rows published.
+
+A row the relay deletes stays in the table and in its indexes until no snapshot can see it
+any more. While some transaction holds an old snapshot, a claim that read an index from its
+start would step over every row published since; so claims read each index from a position
+this object remembers instead, and the rows that can still appear behind those positions are
+looked up directly:
+
+- `ready`: (txid, id) of the last ready row (no retry_after) a claim passed.
+- `due`: (retry_after, id) of the last scheduled row that had fallen due when a claim passed
+  it, or the claim's own time once it read every due row.
+- `scheduled`: (txid, id) of the last scheduled row a claim saw being written. A new one is
+  claimed at once when it is already due; otherwise it waits ahead of `due`.
+- `late`: transactions in progress at a claim's snapshot whose rows could land behind a
+  frontier (their txid is older than it). Once one has ended, the next claim reads its rows
+  by txid; then it is forgotten.
+- `recheck`: rows a claim saw but could not take (another session held them, or the claim
+  filled up first), or that this relay released without publishing. Claims read them by id
+  until they are gone or taken.
+
+Nothing else can put a claimable row behind a frontier: a transaction that starts after a
+claim gets a larger txid than any that claim saw, and every UPDATE restamps the row's txid
+(sql/install.sql). So each claim reads what it claims, plus the rows it could not take and
+the transactions that were in flight, never the rows already published: its cost does not
+grow with the dead rows in the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+# A position before every row of an index: (txid, id) and (retry_after, id).
+START_TXID = 0
+START_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LAST_ID = 2**63 - 1  # with a claim's time as `due`: every row due at that time was read
+WALK = 1_000  # newly scheduled rows a claim reads at most (each is read once)
+
+# The parts of a claim, in the order claim_batch reads them (its `part` column).
+RECHECK, LATE, DUE, FRESH, READY = range(5)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Seen:
+    """What a claim reported about the table besides the rows it took (claim_batch's meta)."""
+
+    limit: int
+    picked: int  # rows the claim's parts returned, duplicates included
+    at: dt.datetime  # the claim statement's time on the database's clock
+    xmax: int  # the snapshot's xmax: every transaction below it had started
+    in_progress: frozenset[int]  # the snapshot's running transactions
+    recheck_left: Sequence[int]
+    late_left: Sequence[int]
+    due_left: Sequence[int]
+    walked_end: tuple[int, int] | None
+    walked: int  # newly scheduled rows the claim read (at most WALK)
+    walked_left: Sequence[int]
+    ready_left: Sequence[tuple[int, int]]  # (txid, id)
+
+    @classmethod
+    def from_json(cls, limit: int, meta: str | dict[str, Any]) -> Seen:
+        """Parse the meta row of claim_batch."""
+        data = json.loads(meta) if isinstance(meta, str) else meta
+        end = data.get("walked_end")
+        return cls(
+            limit=limit,
+            picked=int(data["n"]),
+            at=dt.datetime.fromisoformat(data["at"]),
+            xmax=int(data["xmax"]),
+            in_progress=frozenset(int(x) for x in data.get("xip") or ()),
+            recheck_left=[int(i) for i in data.get("recheck_left") or ()],
+            late_left=[int(i) for i in data.get("late_left") or ()],
+            due_left=[int(i) for i in data.get("due_left") or ()],
+            walked_end=(int(end[0]), int(end[1])) if end else None,
+            walked=int(data.get("walked_n") or 0),
+            walked_left=[int(i) for i in data.get("walked_left") or ()],
+            ready_left=[(int(x), int(i)) for x, i in data.get("ready_left") or ()],
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Taken:
+    """One row a claim took: the part that found it and its position in that part's index."""
+
+    id: int
+    part: int
+    txid: int
+    retry_after: dt.datetime | None
+
+
+STATE_FORMAT = 1  # the layout of a saved frontier (outbox_notify_frontier_v1.state)
+
+
+class Frontier:
+    """One relay's claim positions, shared by its claim connections and its LISTEN side."""
+
+    def __init__(self) -> None:
+        self.ready: tuple[int, int] = (START_TXID, 0)
+        self.due: tuple[dt.datetime, int] = (START_TIME, 0)
+        self.scheduled: tuple[int, int] = (START_TXID, 0)
+        self.late: set[int] = set()
+        self.recheck: set[int] = set()
+        # Rows of this relay's open claims: a relay that starts from a saved frontier must
+        # look at them again, since this one may die before it ends its claims.
+        self.held: set[int] = set()
+        self.loaded = False  # a saved frontier was looked for (see load())
+
+    # -- saved for the relays that start later ------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """The frontier as saved in outbox_notify_frontier_v1 (JSON)."""
+        return {
+            "format": STATE_FORMAT,
+            "ready": [str(self.ready[0]), self.ready[1]],
+            "due": [self.due[0].isoformat(), self.due[1]],
+            "scheduled": [str(self.scheduled[0]), self.scheduled[1]],
+            "late": sorted(str(x) for x in self.late),
+            "recheck": sorted(self.recheck | self.held),
+        }
+
+    def load(self, state: dict[str, Any] | None) -> None:
+        """Start from a frontier another relay (or this one, before a restart) saved.
+
+        Any saved frontier is a safe start: it was true when saved, and whatever happened
+        since is ahead of it, among its transactions to look up, or among its rows to recheck
+        (the saving relay's open claims included). None, or an unknown layout: start from
+        the beginning of every index.
+        """
+        self.loaded = True
+        if not state or state.get("format") != STATE_FORMAT:
+            return
+        self.ready = (int(state["ready"][0]), int(state["ready"][1]))
+        self.due = (dt.datetime.fromisoformat(state["due"][0]), int(state["due"][1]))
+        self.scheduled = (int(state["scheduled"][0]), int(state["scheduled"][1]))
+        self.late = {int(x) for x in state["late"]}
+        self.recheck = {int(i) for i in state["recheck"]}
+
+    # -- what queries read ---------------------------------------------------------------
+
+    def params(self, *, with_held: bool = False) -> dict[str, Any]:
+        """The frontier as parameters of claim_batch, peek, await_wake_lock and the gauges.
+
+        `with_held`: count this relay's open claims among the rows to recheck (the gauges
+        count them; a claim must not look at its own relay's rows).
+        """
+        recheck = self.recheck | self.held if with_held else self.recheck
+        return {
+            "ready_txid": str(self.ready[0]),
+            "ready_id": self.ready[1],
+            "due_at": self.due[0],
+            "due_id": self.due[1],
+            "sched_txid": str(self.scheduled[0]),
+            "sched_id": self.scheduled[1],
+            "late": [str(x) for x in sorted(self.late)],
+            "recheck": sorted(recheck),
+            "walk": WALK,
+        }
+
+    # -- what claims tell it ---------------------------------------------------------------
+
+    def absorb(self, asked: dict[str, Any], taken: Sequence[Taken], seen: Seen) -> None:
+        """Move the positions past what one claim read (see the module docstring).
+
+        `asked`: the params() the claim ran with (the frontier may have gained rows to
+        recheck or transactions to look up since, which this claim did not read).
+        """
+        exhausted = seen.picked < seen.limit
+        parts = {row.part for row in taken}
+        taken_ids = {row.id for row in taken}
+
+        def read_to_its_end(part: int) -> bool:
+            # A part read to its end: a later part was reached, or the claim did not fill up.
+            return exhausted or any(p > part for p in parts)
+
+        if read_to_its_end(RECHECK):
+            self.recheck.difference_update(asked["recheck"])
+            self.recheck.update(seen.recheck_left)
+        if read_to_its_end(LATE):
+            probed = {int(x) for x in asked["late"]}
+            self.late -= {x for x in probed if x not in seen.in_progress and x < seen.xmax}
+            self.recheck.update(seen.late_left)
+        self._absorb_due(taken, seen, exhausted)
+        if seen.walked_end is not None:
+            self.scheduled = max(self.scheduled, seen.walked_end)
+        if seen.walked < WALK:
+            # Every scheduled row written by a transaction below the snapshot's xmax was read:
+            # the rest are dead or rolled back, or still being written (looked up below).
+            self.scheduled = max(self.scheduled, (seen.xmax - 1, LAST_ID))
+        self.recheck.update(seen.walked_left)
+        self._absorb_ready(taken, seen, exhausted)
+        self.recheck -= taken_ids
+        # Transactions still running whose rows could land behind a frontier: look them up
+        # by txid once they end.
+        horizon = max(self.ready[0], self.scheduled[0])
+        self.late.update(x for x in seen.in_progress if x <= horizon)
+
+    def _absorb_due(self, taken: Sequence[Taken], seen: Seen, exhausted: bool) -> None:
+        due = [(r.retry_after, r.id) for r in taken if r.part == DUE and r.retry_after]
+        if exhausted:
+            # Every row due at the claim's time was read. Set even when it is behind the old
+            # position (the database's clock went back): reading again is safe, skipping is not.
+            self.due = (seen.at, LAST_ID)
+        elif due:
+            self.due = max(due)
+        else:
+            return
+        self.recheck.update(seen.due_left)
+
+    def _absorb_ready(self, taken: Sequence[Taken], seen: Seen, exhausted: bool) -> None:
+        ready = [(r.txid, r.id) for r in taken if r.part == READY]
+        if exhausted:
+            # Every ready row written by a transaction below the snapshot's xmax was read:
+            # the rest are published (dead rows, which the next claim must not read again,
+            # whoever deleted them), rolled back, or still being written (looked up by txid).
+            self.ready = max(self.ready, *ready, *seen.ready_left, (seen.xmax - 1, LAST_ID))
+        elif ready:
+            self.ready = max(ready)
+        else:
+            return
+        self.recheck.update(i for _, i in seen.ready_left)
+
+    def hold(self, ids: Iterable[int]) -> None:
+        """Rows a claim of this relay now holds (until settle())."""
+        self.held.update(ids)
+
+    def settle(self, ids: Iterable[int], *, released: Iterable[int] = ()) -> None:
+        """A claim ended: its rows are no longer held; `released` ones, let go untouched,
+        are claimed again by id."""
+        self.held.difference_update(ids)
+        self.recheck.update(released)

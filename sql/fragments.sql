@@ -1,0 +1,189 @@
+-- Fragments of the named queries, each written once and included where a query of
+-- sql/queries.sql, ops.sql, ... has a line `-- include: _NAME` (outbox_notify/sql.py replaces
+-- the line with the fragment's text when it loads the file). A fragment's name starts with
+-- `_`. Parameters use psycopg's %(name)s style; those of the relay's frontier come from
+-- outbox_notify.relay.frontier.Frontier.params().
+
+-- name: _claimable
+-- CTEs that each lock at most one row this session could claim now, read from the relay's
+-- frontier exactly as claim_batch reads its five parts, and `found`, whether any of them has
+-- one. The queries that include it run in autocommit: the row locks go with the statement.
+rechecked AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.id = ANY(%(recheck)s::bigint[])
+      AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
+      AND m.schema_version <= %(max_version)s
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+late_ready AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
+      AND m.schema_version <= %(max_version)s
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+late_due AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
+      AND m.schema_version <= %(max_version)s
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+due AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after <= statement_timestamp()
+      AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+    ORDER BY m.retry_after, m.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+walked AS MATERIALIZED (
+    SELECT w.id FROM outbox_notify_message_v1 AS w
+    WHERE w.retry_after IS NOT NULL
+      AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+    ORDER BY w.txid, w.id
+    LIMIT %(walk)s
+),
+fresh AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.id IN (SELECT id FROM walked)
+      AND m.retry_after <= statement_timestamp()
+      AND m.schema_version <= %(max_version)s
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+ready AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after IS NULL
+      AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+    ORDER BY m.txid, m.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+),
+found AS MATERIALIZED (
+    SELECT EXISTS (SELECT 1 FROM rechecked) OR EXISTS (SELECT 1 FROM late_ready)
+        OR EXISTS (SELECT 1 FROM late_due) OR EXISTS (SELECT 1 FROM due)
+        OR EXISTS (SELECT 1 FROM fresh) OR EXISTS (SELECT 1 FROM ready) AS claimable
+)
+
+-- name: _pending
+-- A CTE `pending`: the outbox's live rows as a relay's frontier sees them, the way claims
+-- read the table: ready rows past the ready position (in claim order), scheduled rows past
+-- the due position (by the time they fall due) or written since the scheduled position, and
+-- the rows the frontier rechecks by id or whose transactions it looks up by txid. Each forward read stops after %(limit)s rows. No
+-- read starts at the beginning of an index, so rows published and deleted (kept in place by
+-- an old snapshot) cost nothing here.
+pending AS MATERIALIZED (
+    (SELECT m.id, m.task_name, m.schema_version, m.created_at, m.retry_after, m.retries,
+            m.last_error
+     FROM outbox_notify_message_v1 AS m
+     WHERE m.retry_after IS NULL
+       AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+     ORDER BY m.txid, m.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.id, m.task_name, m.schema_version, m.created_at, m.retry_after, m.retries,
+            m.last_error
+     FROM outbox_notify_message_v1 AS m
+     WHERE m.retry_after IS NOT NULL
+       AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+     ORDER BY m.retry_after, m.id
+     LIMIT %(limit)s)
+    UNION ALL
+    -- Scheduled rows written since the scheduled position with a time the due position has
+    -- passed already (a row written with a past ETA): a claim's "fresh" part takes them.
+    (SELECT m.id, m.task_name, m.schema_version, m.created_at, m.retry_after, m.retries,
+            m.last_error
+     FROM outbox_notify_message_v1 AS m
+     WHERE m.retry_after IS NOT NULL
+       AND (m.txid, m.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+       AND (m.retry_after, m.id) <= (%(due_at)s::timestamptz, %(due_id)s::bigint)
+     ORDER BY m.txid, m.id
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT m.id, m.task_name, m.schema_version, m.created_at, m.retry_after, m.retries,
+            m.last_error
+     FROM outbox_notify_message_v1 AS m
+     -- One index each (no OR across two indexes: the relay reads with bitmap scans off).
+     WHERE m.id IN (SELECT r.id FROM outbox_notify_message_v1 AS r
+                    WHERE r.id = ANY(%(recheck)s::bigint[])
+                    UNION
+                    SELECT r.id FROM outbox_notify_message_v1 AS r
+                    WHERE r.txid = ANY(%(late)s::xid8[]) AND r.retry_after IS NULL
+                    UNION
+                    SELECT r.id FROM outbox_notify_message_v1 AS r
+                    WHERE r.txid = ANY(%(late)s::xid8[]) AND r.retry_after IS NOT NULL)
+       AND NOT coalesce(
+           (m.retry_after IS NULL
+            AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint))
+           OR (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+           OR (m.retry_after IS NOT NULL
+               AND (m.txid, m.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)),
+           false))
+)
+
+-- name: _oldest_pending
+-- An expression: the age in seconds of the oldest pending row, on the database's clock, or
+-- 0. A row held until its ETA is not pending before its ETA, and its age counts from its ETA
+-- after it; a row that failed counts from created_at, whenever its next try is; every other
+-- row counts from created_at. Read from `pending` (see _pending) and from the rows that
+-- failed (through the failed index, up to %(window)s of them: a million held rows cost
+-- nothing).
+greatest(
+    (SELECT extract(epoch FROM clock_timestamp() - min(
+                CASE WHEN p.retry_after IS NULL OR p.retries > 0 OR p.last_error IS NOT NULL
+                         THEN p.created_at
+                     WHEN p.retry_after <= now() THEN greatest(p.created_at, p.retry_after)
+                END))
+     FROM pending AS p),
+    (SELECT extract(epoch FROM clock_timestamp() - min(f.created_at))
+     FROM (SELECT m.created_at FROM outbox_notify_message_v1 AS m
+           WHERE m.retries > 0 OR m.last_error IS NOT NULL
+           ORDER BY m.retry_after, m.id
+           LIMIT %(window)s) AS f),
+    0)::float8
+
+-- name: _snapshot_holder
+-- A CTE `holder` (at most one row): what keeps vacuum from removing the outbox's dead rows,
+-- the oldest first: another session's snapshot (pg_stat_activity.backend_xmin), a standby's
+-- sent by hot_standby_feedback (pg_stat_replication), a replication slot's xmin, or a
+-- prepared transaction. `xids`: how many transactions old it is; `seconds`: for how long it
+-- has held it, where PostgreSQL says (a session's transaction, a prepared transaction).
+-- Other roles' sessions show their xmin only to superusers and members of pg_read_all_stats:
+-- what this role may not see is not reported.
+holder AS MATERIALIZED (
+    SELECT h.kind, h.xids, h.seconds, h.pid, h.name
+    FROM (
+        SELECT 'session' AS kind, age(a.backend_xmin) AS xids,
+               extract(epoch FROM clock_timestamp() - coalesce(a.xact_start, a.query_start))::float8
+                   AS seconds,
+               a.pid, coalesce(nullif(a.application_name, ''), a.usename::text, '') AS name
+        FROM pg_stat_activity AS a
+        -- Another database's sessions do not hold this database's tables back.
+        WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+          AND a.datname = current_database()
+        UNION ALL
+        SELECT 'standby', age(r.backend_xmin), NULL, r.pid, coalesce(r.application_name, '')
+        FROM pg_stat_replication AS r
+        WHERE r.backend_xmin IS NOT NULL
+        UNION ALL
+        SELECT 'slot', age(s.xmin), NULL, s.active_pid, s.slot_name::text
+        FROM pg_replication_slots AS s
+        WHERE s.xmin IS NOT NULL
+        UNION ALL
+        SELECT 'prepared', age(p.transaction),
+               extract(epoch FROM clock_timestamp() - p.prepared)::float8, NULL, p.gid
+        FROM pg_prepared_xacts AS p
+    ) AS h
+    ORDER BY h.xids DESC
+    LIMIT 1
+)
+
+-- name: _dead_rows
+-- An expression: the outbox's dead rows, as the statistics system counts them (every row
+-- deleted or updated since the last vacuum that could not remove it).
+coalesce((SELECT s.n_dead_tup FROM pg_stat_user_tables AS s
+          WHERE s.relid = 'outbox_notify_message_v1'::regclass), 0)::bigint
