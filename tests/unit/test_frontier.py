@@ -8,10 +8,10 @@ from typing import Any
 from outbox_notify.relay.frontier import (
     DUE,
     LAST_ID,
-    WALK,
     READY,
     RECHECK,
     START_TIME,
+    WALK,
     Frontier,
     Seen,
     Taken,
