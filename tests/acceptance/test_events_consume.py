@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from outbox_notify.events import envelope as wire
-from outbox_notify.events.consumer import Consumer, event_type_of
+from outbox_notify.events.consumer import Consumer, event_type_of, inbox_key
 from outbox_notify.events.delivery import (
     DEAD_AT,
     DEAD_ATTEMPTS,
@@ -479,7 +479,9 @@ def test_dead_letters_are_listed_without_removing_them_and_replayed_by_id(
     assert replayed.stdout.strip() == f"replayed 1 dead letters to queue '{setup.consumer.queue}'"
     assert "1 of the given ids were not found: missing-id" in replayed.stderr
     wait_for(
-        lambda: InboxRecord.objects.filter(key=doomed.id).exists(),
+        lambda: InboxRecord.objects.filter(
+            scope=setup.consumer.scope, key=inbox_key(doomed)
+        ).exists(),
         timeout=DEADLINE,
         what="the replayed event handled",
         context=setup.logs,
