@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,3 +209,14 @@ def test_on_a_terminal_a_long_listing_shows_progress_and_stdout_stays_the_table(
     assert piped.returncode == 0, piped.stderr
     assert "reading rows" not in piped.stderr
     assert piped.stdout == on_tty.stdout.replace("\r\n", "\n")
+
+
+def test_the_progress_line_is_not_styled_as_an_error(subprocess_env: dict[str, Any]) -> None:
+    """In a terminal (stdout and stderr ttys, so Django turns colours on) the progress line is
+    plain text, not the bold red Django gives what a command writes to stderr."""
+    row("t0")
+    limit = str(listing.PAGE_SIZE * 5)
+    ran = run_command(subprocess_env, "outbox_list", "--limit", limit, tty=True, stdout_tty=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "\r\x1b[Kreading rows: [" in ran.stderr, repr(ran.stderr)
+    assert re.findall(r"\x1b\[[0-9;]*m", ran.stderr) == [], repr(ran.stderr)
