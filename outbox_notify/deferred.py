@@ -444,7 +444,7 @@ def _why_deferred() -> str:
     (low_major, low_minor), (high_major, high_minor) = gates.DJANGO_TESTED
     return (
         f"Django {gates.version_of('django')} is in the tested {low_major}.{low_minor}-"
-        f"{high_major}.{high_minor}.x and the start-up probe saw its atomic() commit, roll back "
+        f"{high_major}.{high_minor}.x and the probe saw its atomic() commit, roll back "
         "and close through the hooks"
     )
 
