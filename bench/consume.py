@@ -6,7 +6,7 @@ Run: .venv/bin/python -m bench.consume [--events 2000] [--rounds 3] [--quick] [-
 Each round publishes --events CloudEvents messages to a fresh durable topic exchange and queue
 first (exactly as the relay publishes them), then one Consumer (the Runner `outbox_consume`
 runs, in this process) handles them: each handler inserts one row, inside the transaction that
-also records the event id in the inbox. The figure is events per second between the first and
+also records the event (its source and id) in the inbox. The figure is events per second between the first and
 the last commit (stamped by `transaction.on_commit`), so start-up and publishing are not in it.
 After each round every event must have left exactly one row and one inbox key.
 
@@ -237,8 +237,8 @@ def summarise(rounds: list[Round]) -> dict[str, Any]:
 def markdown(summary: dict[str, Any]) -> str:
     """The docs/benchmarks.md section of a run's figures."""
     lines = [
-        "One `outbox_consume` runner in-process, its handler writing one row, the event id "
-        "recorded in the inbox in the same transaction (one commit per event; PostgreSQL with "
+        "One `outbox_consume` runner in-process, its handler writing one row, the event's "
+        "source and id recorded in the inbox in the same transaction (one commit per event; PostgreSQL with "
         "fsync on); events staged in the queue first (`python -m bench.consume`).",
         "",
         "| broker | events consumed/s (median) | rounds | events per round |",

@@ -27,8 +27,13 @@ queries (DEBUG, `assertNumQueries`), and for a non-ASCII task id or name.
 
 The hooks are private to Django, so rows wait only under the Django releases the suite ran on
 (relay/gates.py), and only once a probe (`hook_problem`, once per process and connection
-class, no I/O) has seen Django's own `atomic()` commit and roll back through them. Otherwise
-every row is written at the call, and `outbox.deferred_rows_unavailable` says why.
+class, no I/O; run at start-up by the app config) has seen Django's own `atomic()` commit,
+roll back and close through them. Otherwise every row is written at the call. The first
+enqueue of a process logs which path runs and why: `outbox.deferred_rows_available` (info)
+or `outbox.deferred_rows_unavailable` (warning).
+
+A psycopg connection is the rows' only while its Django connection holds it: closing the
+Django connection ends them (a pool may lend the psycopg connection to another one next).
 
 User code that ends the transaction on the psycopg connection itself
 (`connection.connection.commit()` / `.rollback()`) is seen too: the psycopg connection's
@@ -50,10 +55,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils.connection import ConnectionDoesNotExist
 from psycopg import pq
 
+from outbox_notify import conf
+from outbox_notify.exceptions import OutboxNotifyError
 from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 
@@ -119,8 +128,8 @@ class Deferred:
         connection = self.connection
         raw = connection.connection
         if (
-            raw is None
-            or not available(connection)
+            not available(connection)  # first: says which path runs, at the first enqueue
+            or raw is None
             or not connection.in_atomic_block
             or connection.needs_rollback
             or connection.closed_in_transaction
@@ -157,18 +166,24 @@ class Deferred:
 
         def raw_commit() -> None:
             owner: Deferred | None = getattr(raw, _STATE, None)
-            if owner is not None and owner.raw is raw:
+            if owner is not None and owner.holds(raw):
                 owner.flush()
             commit()
 
         def raw_rollback() -> None:
             owner: Deferred | None = getattr(raw, _STATE, None)
-            if owner is not None and owner.raw is raw:
+            if owner is not None and owner.holds(raw):
                 owner.discard()
                 owner.abandon()
             rollback()
 
         raw.commit, raw.rollback = raw_commit, raw_rollback
+
+    def holds(self, raw: Any) -> bool:
+        """Whether `raw` is the psycopg connection of these rows and its Django connection still
+        holds it. A pool (Django's `OPTIONS["pool"]`) lends a returned connection to another
+        Django connection, maybe in another thread: its commits and rollbacks are not ours."""
+        return raw is not None and self.raw is raw and self.connection.connection is raw
 
     def flush(self) -> None:
         """Write the rows that wait, now (one round trip), after a COPY still running."""
@@ -263,8 +278,15 @@ class Deferred:
         return self.original_rollback()
 
     def close(self) -> Any:
-        """The connection's `_close`: a COPY still running ends first (lost with the session)."""
+        """The connection's `_close`: a COPY still running ends first (lost with the session).
+
+        The waiting rows end with the transaction the close ends, and the psycopg connection
+        stops being theirs before it is closed or handed back to a pool (whose rollback of it,
+        and the next borrower's commits, then leave these rows alone).
+        """
         self.abandon()
+        self.discard()
+        self.raw = None
         return self.original_close()
 
 
@@ -317,6 +339,7 @@ def is_ours(wrapper: Any) -> bool:
 # --- whether the hooks can be trusted ---------------------------------------------------------
 
 _PROBE_ALIAS = "outbox_notify_probe"  # registered for this thread only, during the probe
+_DEFERRED = ""  # in _announced once outbox.deferred_rows_available was logged
 _problems: dict[type, str | None] = {}
 _announced: set[str] = set()
 
@@ -380,6 +403,20 @@ def _never_writes(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) ->
     raise AssertionError("the probe never writes rows")  # pragma: no cover
 
 
+def probe_at_start_up() -> None:
+    """Probe the outbox database's connection class now, at start-up (AppConfig.ready).
+
+    No I/O: the probe's connection never connects. Nothing is logged here (a log line at
+    start-up would print on the stdout of every management command while structlog is left
+    unconfigured): the path is logged at the first enqueue (`available`).
+    """
+    try:
+        connection = connections[conf.database_alias()]
+    except (OutboxNotifyError, ConnectionDoesNotExist, ImproperlyConfigured):
+        return  # the system checks report the setting; the first enqueue probes again
+    hook_problem(connection)
+
+
 def hook_problem(connection: BaseDatabaseWrapper) -> str | None:
     """Why rows may not wait on this connection (None: they may); probed once per class."""
     cls = type(connection)
@@ -395,9 +432,18 @@ def hook_problem(connection: BaseDatabaseWrapper) -> str | None:
 
 
 def available(connection: BaseDatabaseWrapper) -> bool:
-    """Whether rows may wait on this connection; logs once per process and reason when not."""
+    """Whether rows may wait on this connection; the first time, logs which path runs and why
+    (once per process and reason)."""
     problem = hook_problem(connection)
     if problem is None:
+        if _DEFERRED not in _announced:
+            _announced.add(_DEFERRED)
+            log.info(
+                "outbox.deferred_rows_available",
+                reason=_why_deferred(),
+                path="deferred",
+                database=connection.alias,
+            )
         return True
     if problem not in _announced:
         _announced.add(problem)
@@ -408,6 +454,15 @@ def available(connection: BaseDatabaseWrapper) -> bool:
             database=connection.alias,
         )
     return False
+
+
+def _why_deferred() -> str:
+    (low_major, low_minor), (high_major, high_minor) = gates.DJANGO_TESTED
+    return (
+        f"Django {gates.version_of('django')} is in the tested {low_major}.{low_minor}-"
+        f"{high_major}.{high_minor}.x and the probe saw its atomic() commit, roll back "
+        "and close through the hooks"
+    )
 
 
 def forget_probes() -> None:

@@ -109,10 +109,12 @@ def _cutoff(cur: Any, older_than: float | None) -> datetime | None:
 
 
 def rows(
-    filters: Filters, *, using: str | None = None, page_size: int = PAGE_SIZE
+    filters: Filters, *, using: str | None = None, page_size: int | None = None
 ) -> Iterator[Listed]:
-    """The matching rows, in the state's order, at most `filters.limit`, read page by page."""
+    """The matching rows, in the state's order, at most `filters.limit`, read page by page
+    (`page_size` rows per query; PAGE_SIZE, read at the call, when None)."""
     query = queries()[f"list_{filters.state.value}_page"]
+    page_size = page_size or PAGE_SIZE
     left = filters.limit
     with connections[using or conf.database_alias()].cursor() as cur:
         params: dict[str, Any] = {

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from django.dispatch import Signal
+from structlog.typing import EventDict
 
 from outbox_notify import signals
 
@@ -44,8 +45,21 @@ class WorkerLoggerFactory:
 def route_worker_logs(**kwargs: Any) -> None:
     """Celery's `celeryd_after_setup`: send outbox_notify's events to `logging` in a worker,
     unless the project configured structlog itself (then its configuration decides)."""
-    if not structlog.is_configured():
-        structlog.configure(logger_factory=WorkerLoggerFactory())
+    if structlog.is_configured():
+        return
+    processors = list(structlog.get_config()["processors"])
+    # Before the renderer, the last of structlog's default processors.
+    processors.insert(len(processors) - 1, leave_time_and_level_to_logging)
+    structlog.configure(processors=processors, logger_factory=WorkerLoggerFactory())
+
+
+def leave_time_and_level_to_logging(logger: Any, method: str, event: EventDict) -> EventDict:
+    """A structlog processor: no timestamp or level in an event bound for a `logging` logger,
+    whose handlers print their own (the worker's `[time: LEVEL/process]` prefix)."""
+    if isinstance(logger, logging.Logger):
+        event.pop("timestamp", None)
+        event.pop("level", None)
+    return event
 
 
 def has_receivers(signal: Signal) -> bool:

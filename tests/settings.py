@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from urllib.parse import urlsplit
 
+import django
+
 SECRET_KEY = "outbox-notify-tests-only"
 DEBUG = False
 USE_TZ = True
@@ -45,6 +47,15 @@ DATABASES = {
     "default": _database(_db_name),
     "other": _database(_db_name + "_other"),
 }
+if django.VERSION >= (5, 1):
+    # The default database behind Django's connection pool (OPTIONS["pool"], from 5.1), of one
+    # connection: a psycopg connection given back is the next borrower's
+    # (tests/integration/test_deferred_rows.py). Nothing connects through it unless a test does.
+    DATABASES["pooled"] = {
+        **_database(_db_name),
+        "OPTIONS": {"pool": {"min_size": 1, "max_size": 1, "timeout": 30}},
+        "TEST": {"MIRROR": "default"},
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -1,7 +1,8 @@
 """The shop's event consumer: records each OrderPlaced it receives, once per event.
 
 Run by `manage.py outbox_consume example.shop.consumers.consumer`; the handler's insert
-commits together with the inbox record of the event id, so a redelivered event is skipped.
+commits together with the inbox record of the event (its source and id), so a redelivered
+event is skipped.
 """
 
 from __future__ import annotations

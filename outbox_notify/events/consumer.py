@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import structlog
 from django.db import connections, transaction
-from kombu.utils import json as kombu_json
 
 from outbox_notify import conf, inbox, observability, signals
 from outbox_notify.events import envelope as wire
@@ -163,11 +162,11 @@ class Consumer:
         try:
             event, registration = self._decode(body)
         except wire.UndecodableEvent as exc:
-            event_id, event_type = _known(body)
+            known = wire.identify(body)
             return Result(
                 outcome=Outcome.UNDECODABLE,
-                event_id=event_id,
-                event_type=event_type,
+                event_id=known.id,
+                event_type=known.type,
                 reason=str(exc),
             )
         return self._run(event, registration)
@@ -305,19 +304,6 @@ def _result(outcome: Outcome, event: wire.Envelope, **more: Any) -> Result:
 def _failed(event: wire.Envelope, exc: BaseException) -> Result:
     reason = " ".join(f"{type(exc).__name__}: {exc}".split())
     return _result(Outcome.FAILED, event, reason=reason, error=exc)
-
-
-def _known(body: bytes | str) -> tuple[str | None, str | None]:
-    """The id and type of an undecodable body when they can still be read (for logs)."""
-    try:
-        parsed = kombu_json.loads(body)
-    except Exception:  # only for logs: whatever the body is, carry on
-        return None, None
-    if not isinstance(parsed, dict):
-        return None, None
-    found = [parsed.get(name) for name in ("id", "type")]
-    event_id, event_type = (value if isinstance(value, str) else None for value in found)
-    return event_id, event_type
 
 
 def load(path: str) -> Consumer:

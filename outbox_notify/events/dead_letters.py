@@ -12,6 +12,9 @@ acknowledging them:
   again at attempt 1, confirmed by RabbitMQ; only then is the dead letter acknowledged. A
   crash in between leaves both copies: the inbox runs the handler's effects once. Messages
   not chosen go back to the queue as listing leaves them.
+
+Both can keep to one event source: CloudEvents ids are unique only within a source, so one id
+may name events of several sources (the consumer's inbox keys them apart).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import structlog
 from kombu.message import Message
 
 from outbox_notify import redaction
-from outbox_notify.events.consumer import Consumer, _known
+from outbox_notify.events import envelope as wire
+from outbox_notify.events.consumer import Consumer
 from outbox_notify.events.delivery import (
     DEAD_AT,
     DEAD_ATTEMPTS,
@@ -39,6 +43,8 @@ from outbox_notify.events.delivery import (
     RETRY_HEADERS,
     Runner,
     declare,
+    headers_of,
+    republish,
 )
 
 log = structlog.get_logger("outbox_notify")
@@ -52,6 +58,7 @@ class DeadEvent:
     """One dead letter as listed; its data redacted as the admin shows an event's."""
 
     event_id: str | None  # None: the body was not a CloudEvent with an id
+    event_source: str | None  # the id is unique within its source (CloudEvents)
     event_type: str | None
     kind: str  # "undecodable" or "handler-failed"
     attempts: int
@@ -68,14 +75,11 @@ class DeadEvent:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Replayed:
-    """What a replay did: the event ids sent back to the consumer's queue, and those not found."""
+    """What a replay did: the event ids sent back to the consumer's queue, and those not found
+    (among the given source's events when a source was given)."""
 
     replayed: tuple[str | None, ...]
     missing: tuple[str, ...]
-
-
-def _headers(message: Message) -> dict[str, Any]:
-    return dict(message.headers or {})
 
 
 def _data(body: bytes | str, event_type: str | None) -> str:
@@ -92,19 +96,20 @@ def _data(body: bytes | str, event_type: str | None) -> str:
 
 def describe(message: Message) -> DeadEvent:
     """A dead letter's event id, type, why it died and its (redacted) data."""
-    headers = _headers(message)
+    headers = headers_of(message)
     body = message.body or b""
-    event_id, event_type = _known(body)
+    known = wire.identify(body)
     return DeadEvent(
-        event_id=event_id,
-        event_type=event_type,
+        event_id=known.id,
+        event_source=known.source,
+        event_type=known.type,
         kind=str(headers.get(DEAD_KIND, "")),
         attempts=int(headers.get(DEAD_ATTEMPTS) or 0),
         dead_at=str(headers.get(DEAD_AT, "")),
         reason=str(headers.get(DEAD_REASON, "")),
         original_exchange=str(headers.get(ORIGINAL_EXCHANGE, "")),
         original_routing_key=str(headers.get(ORIGINAL_ROUTING_KEY, "")),
-        data=_data(body, event_type),
+        data=_data(body, known.type),
     )
 
 
@@ -134,26 +139,33 @@ def _taking(consumer: Consumer) -> Iterator[tuple[kombu.Connection, Iterator[Mes
                     message.requeue()
 
 
-def list_dead(consumer: Consumer, *, limit: int) -> list[DeadEvent]:
-    """Up to `limit` dead letters, oldest first; all of them stay in the queue."""
+def list_dead(consumer: Consumer, *, limit: int, source: str | None = None) -> list[DeadEvent]:
+    """Up to `limit` dead letters (of events from `source` when given), oldest first; all of
+    them stay in the queue."""
     found: list[DeadEvent] = []
     with _taking(consumer) as (_, messages):
         for message in messages:
-            found.append(describe(message))
+            dead = describe(message)
+            if source is not None and dead.event_source != source:
+                continue
+            found.append(dead)
             if len(found) >= limit:
                 break
     return found
 
 
 def _replay_headers(message: Message) -> dict[str, Any]:
-    headers = _headers(message)
+    headers = headers_of(message)
     for name in (*DEAD_HEADERS, *RETRY_HEADERS):
         headers.pop(name, None)
     return headers
 
 
-def replay(consumer: Consumer, *, ids: Collection[str] | None = None) -> Replayed:
-    """Send the dead letters with these event ids (all of them when None) back to the consumer.
+def replay(
+    consumer: Consumer, *, ids: Collection[str] | None = None, source: str | None = None
+) -> Replayed:
+    """Send dead letters back to the consumer: those with these event ids (all when None), of
+    events from `source` when given (an id is unique only within its source).
 
     Each goes to the consumer's own queue, headers as first published (attempt 1 again),
     persistent and confirmed by RabbitMQ; then the dead letter is acknowledged.
@@ -163,26 +175,26 @@ def replay(consumer: Consumer, *, ids: Collection[str] | None = None) -> Replaye
     with _taking(consumer) as (connection, messages):
         producer = kombu.Producer(connection.default_channel)
         for message in messages:
-            event_id, event_type = _known(message.body or b"")
-            if wanted is not None and event_id not in wanted:
+            known = wire.identify(message.body or b"")
+            if source is not None and known.source != source:
                 continue
-            producer.publish(
-                message.body,
+            if wanted is not None and known.id not in wanted:
+                continue
+            republish(
+                producer,
+                message,
+                _replay_headers(message),
                 exchange="",
                 routing_key=consumer.queue,
-                headers=_replay_headers(message),
-                content_type=message.content_type or "application/octet-stream",
-                content_encoding=message.content_encoding or "binary",
-                delivery_mode=2,
-                retry=False,
             )
             message.ack()
-            replayed.append(event_id)
+            replayed.append(known.id)
             log.info(
                 "outbox.event_replayed",
                 consumer=consumer.name,
-                event_id=event_id,
-                event_type=event_type,
+                event_id=known.id,
+                event_source=known.source,
+                event_type=known.type,
             )
     missing = () if wanted is None else tuple(sorted(wanted.difference(replayed)))
     return Replayed(replayed=tuple(replayed), missing=missing)

@@ -210,7 +210,7 @@ class _Session:
         if not self.ready:
             return False
         message = self.ready.popleft()
-        due = _number(_headers(message).get(RETRY_AT), 0.0)
+        due = _number(headers_of(message).get(RETRY_AT), 0.0)
         if due > now:
             heapq.heappush(self.waiting, (due, next(self.runner._sequence), message))
         else:
@@ -242,7 +242,7 @@ class _Session:
         self.settle(message, result)
 
     def settle(self, message: Message, result: Result) -> None:
-        attempt = max(1, int(_number(_headers(message).get(ATTEMPT), 1)))
+        attempt = max(1, int(_number(headers_of(message).get(ATTEMPT), 1)))
         if result.outcome is Outcome.FAILED and attempt < self.consumer.max_attempts:
             self.retry(message, result, attempt)
         elif result.outcome is Outcome.FAILED:
@@ -322,25 +322,39 @@ class _Session:
         self, message: Message, headers: dict[str, Any], *, exchange: str, routing_key: str
     ) -> None:
         """The body as received, persistent; confirmed by RabbitMQ before this returns."""
-        self.producer.publish(
-            message.body,
-            exchange=exchange,
-            routing_key=routing_key,
-            headers=headers,
-            content_type=message.content_type or "application/octet-stream",
-            content_encoding=message.content_encoding or "binary",
-            delivery_mode=2,
-            retry=False,
-        )
+        republish(self.producer, message, headers, exchange=exchange, routing_key=routing_key)
 
 
-def _headers(message: Message) -> dict[str, Any]:
+def republish(
+    producer: kombu.Producer,
+    message: Message,
+    headers: dict[str, Any],
+    *,
+    exchange: str,
+    routing_key: str,
+) -> None:
+    """Publish a received message's body as it came, with these headers: persistent, and
+    confirmed by RabbitMQ before this returns (a retry, a dead letter, a replay)."""
+    producer.publish(
+        message.body,
+        exchange=exchange,
+        routing_key=routing_key,
+        headers=headers,
+        content_type=message.content_type or "application/octet-stream",
+        content_encoding=message.content_encoding or "binary",
+        delivery_mode=2,
+        retry=False,
+    )
+
+
+def headers_of(message: Message) -> dict[str, Any]:
+    """A copy of a received message's headers (empty when it has none)."""
     return dict(message.headers or {})
 
 
 def _origin(message: Message) -> dict[str, Any]:
     """The message's headers, with where it was first published (kept across retries)."""
-    headers = _headers(message)
+    headers = headers_of(message)
     info = message.delivery_info or {}
     headers.setdefault(ORIGINAL_EXCHANGE, str(info.get("exchange") or ""))
     headers.setdefault(ORIGINAL_ROUTING_KEY, str(info.get("routing_key") or ""))

@@ -38,6 +38,7 @@ __all__ = [
     "binding_headers",
     "decode",
     "encode",
+    "identify",
     "new_event_id",
 ]
 
@@ -130,6 +131,28 @@ def _object(body: bytes | str) -> Mapping[str, Any]:
     if not isinstance(parsed, dict):
         raise UndecodableEvent(f"body is a JSON {type(parsed).__name__}, not an object")
     return parsed
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Identity:
+    """What a body says about the event it carries, each None where it cannot be read."""
+
+    id: str | None
+    source: str | None
+    type: str | None
+
+
+def identify(body: bytes | str) -> Identity:
+    """The id, source and type a body names, even one `decode` refuses (for logs, dead letters)."""
+    try:
+        parsed = kombu_json.loads(body)
+    except Exception:  # only to describe a body: whatever it is, say what can be read
+        parsed = None
+    if not isinstance(parsed, dict):
+        return Identity(id=None, source=None, type=None)
+    found = [parsed.get(name) for name in ("id", "source", "type")]
+    event_id, source, event_type = (value if isinstance(value, str) else None for value in found)
+    return Identity(id=event_id, source=source, type=event_type)
 
 
 def decode(body: bytes | str) -> Envelope:

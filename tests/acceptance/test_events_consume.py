@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from outbox_notify.events import envelope as wire
-from outbox_notify.events.consumer import Consumer, event_type_of
+from outbox_notify.events.consumer import Consumer, event_type_of, inbox_key
 from outbox_notify.events.delivery import (
     DEAD_AT,
     DEAD_ATTEMPTS,
@@ -465,10 +465,12 @@ def test_dead_letters_are_listed_without_removing_them_and_replayed_by_id(
     assert listed.returncode == 0, listed.stderr
     by_kind = {d["kind"]: d for d in json.loads(listed.stdout)}
     assert by_kind["handler-failed"]["event_id"] == doomed.id
+    assert by_kind["handler-failed"]["event_source"] == doomed.source
     assert by_kind["handler-failed"]["attempts"] == event_consumers.MAX_ATTEMPTS
     assert "fails on purpose" in by_kind["handler-failed"]["reason"]
     assert '"order_id": 7' in by_kind["handler-failed"]["data"]
     assert by_kind["undecodable"]["event_id"] is None
+    assert by_kind["undecodable"]["event_source"] is None
     assert by_kind["undecodable"]["data"] == "<not JSON>"
     assert queued(broker_url, setup.consumer.dead_letter_exchange) == 2  # nothing removed
     table = _dead_command(setup, "--list")
@@ -479,7 +481,9 @@ def test_dead_letters_are_listed_without_removing_them_and_replayed_by_id(
     assert replayed.stdout.strip() == f"replayed 1 dead letters to queue '{setup.consumer.queue}'"
     assert "1 of the given ids were not found: missing-id" in replayed.stderr
     wait_for(
-        lambda: InboxRecord.objects.filter(key=doomed.id).exists(),
+        lambda: InboxRecord.objects.filter(
+            scope=setup.consumer.scope, key=inbox_key(doomed)
+        ).exists(),
         timeout=DEADLINE,
         what="the replayed event handled",
         context=setup.logs,
@@ -512,6 +516,44 @@ def test_replay_without_ids_sends_back_every_dead_letter(broker_url: str, make_s
     assert ran.stdout.startswith("replayed 2 dead letters")
     assert queued(broker_url, setup.consumer.dead_letter_exchange) == 0
     assert queued(broker_url, setup.consumer.queue) == 4
+
+
+def test_dead_letters_show_their_source_and_replay_keeps_to_the_source_given(
+    broker_url: str, make_setup: Any
+) -> None:
+    """order-42 of /billing and of /shipping: --list shows each one's source (--source keeps to
+    one), and --replay --id order-42 --source /billing sends back only billing's."""
+    setup = make_setup(broker_url)
+    for source in ("/billing", "/shipping"):
+        envelope = envelope_for(OrderPlaced(order_id=42, marker=source), event_id="order-42")
+        envelope = replace(envelope, source=source)
+        publish_body(
+            broker_url,
+            setup.consumer.dead_letter_exchange,
+            wire.encode(envelope),
+            routing_key=envelope.type,
+            headers={DEAD_KIND: "handler-failed", DEAD_ATTEMPTS: 3, DEAD_REASON: "boom"},
+        )
+    listed = _dead_command(setup, "--list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    found = [(d["event_id"], d["event_source"]) for d in json.loads(listed.stdout)]
+    assert sorted(found) == [("order-42", "/billing"), ("order-42", "/shipping")]
+    only = _dead_command(setup, "--list", "--source", "/shipping", "--format", "json")
+    assert [d["event_source"] for d in json.loads(only.stdout)] == ["/shipping"]
+    table = _dead_command(setup, "--list")
+    assert sorted(line.split()[:2] for line in table.stdout.splitlines()) == [
+        ["order-42", "/billing"],
+        ["order-42", "/shipping"],
+    ]
+
+    ran = _dead_command(setup, "--replay", "--id", "order-42", "--source", "/billing")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("replayed 1 dead letters")
+    [replayed] = [line for line in ran.stderr.splitlines() if "outbox.event_replayed" in line]
+    assert "event_source=/billing" in replayed
+    [left] = dead_letters(broker_url, setup.consumer)
+    assert wire.decode(left.body).source == "/shipping"
+    assert queued(broker_url, setup.consumer.queue) == 1
 
 
 def test_consume_dead_says_in_one_line_when_the_broker_cannot_be_reached(

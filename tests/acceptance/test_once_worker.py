@@ -123,6 +123,7 @@ def test_the_same_task_id_delivered_twice_has_one_effect(
     # print it to the stdout Celery redirects at WARNING).
     [line] = [x for x in worker_log(tmp_path).splitlines() if "outbox.duplicate_skipped" in x]
     assert ": INFO/" in line, line
+    assert "[info" not in line, line  # one level and one time per line: the worker's
 
 
 @pytest.mark.parametrize("task", [retrying, autoretrying], ids=["self.retry", "autoretry_for"])

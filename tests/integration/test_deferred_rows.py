@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import django
 import psycopg
 import pytest
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from structlog.testing import capture_logs
 
@@ -18,6 +24,7 @@ from outbox_notify.models import OutboxMessage
 from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 from tests.celery_app import add, app
+from tests.relay_support import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True throughout: these tests are about what a commit or a rollback leaves in
@@ -292,3 +299,149 @@ def test_a_rollback_on_the_psycopg_connection_forgets_the_waiting_rows() -> None
         connection.connection.rollback()
         kept = add.delay(2, 2)
     assert list(OutboxMessage.objects.values_list("task_id", flat=True)) == [kept.id]
+
+
+def _available(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "outbox.deferred_rows_available"]
+
+
+def test_the_first_enqueue_says_once_that_rows_wait_and_why(reprobe: None) -> None:
+    """On a tested Django whose probe passed, one info event names the deferred path and why;
+    later enqueues log nothing more."""
+    with capture_logs() as logs:
+        for i in range(2):
+            with transaction.atomic():
+                add.delay(i, i)
+    [event] = _available(logs)
+    assert event["log_level"] == "info"
+    assert event["path"] == "deferred"
+    assert event["database"] == "default"
+    assert f"Django {django.get_version()} is in the tested" in event["reason"]
+    assert "probe" in event["reason"]
+    assert _unavailable(logs) == []
+
+
+PROBE_AT_START_UP = """
+import json
+import django
+
+django.setup()  # the app config probes the outbox database's connection class here
+
+from django.db import connection, transaction
+from structlog.testing import capture_logs
+
+from outbox_notify import deferred
+from tests.celery_app import add
+
+
+def probing_now(connection):
+    raise AssertionError("probed in the first caller's transaction, not at start-up")
+
+
+deferred._probe = probing_now
+with capture_logs() as logs, transaction.atomic():
+    add.delay(1, 1)
+    [(written,)] = connection.connection.execute(
+        "SELECT count(*) FROM outbox_notify_message_v1"
+    ).fetchall()
+    transaction.set_rollback(True)
+events = [(e["event"], e.get("path")) for e in logs if e["event"].startswith("outbox.deferred")]
+print(json.dumps({"written_at_the_call": written, "events": events}))
+"""
+
+
+def test_the_hooks_are_probed_at_start_up_not_in_the_first_callers_transaction(
+    subprocess_env: dict[str, Any],
+) -> None:
+    """django.setup() runs the probe: a probe that would fail if run at the first delay() is
+    never reached, the row waits for the COMMIT, and the deferred path is logged."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE_AT_START_UP],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {
+        "written_at_the_call": 0,
+        "events": [["outbox.deferred_rows_available", "deferred"]],
+    }
+
+
+# -- a pooled psycopg connection (Django's OPTIONS["pool"], from Django 5.1) -------------------
+
+POOLED = "pooled"  # tests/settings.py defines it from Django 5.1 on
+
+
+@pytest.fixture
+def pooled() -> Iterator[str]:
+    """The pooled alias (one connection) as the outbox database; its pool closed afterwards."""
+    try:
+        with override_settings(OUTBOX_NOTIFY_DATABASE=POOLED):
+            yield POOLED
+    finally:
+        connections[POOLED].close()
+        connections[POOLED].close_pool()
+
+
+def _calls_from_other_threads(
+    state: deferred.Deferred, monkeypatch: pytest.MonkeyPatch
+) -> list[str]:
+    """The Deferred's flush/discard/abandon calls made from a thread other than this one."""
+    owner = threading.get_ident()
+    calls: list[str] = []
+    for name in ("flush", "discard", "abandon"):
+        method = getattr(state, name)
+
+        def spy(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            if threading.get_ident() != owner:
+                calls.append(_name)
+            return _method(*args)
+
+        monkeypatch.setattr(state, name, spy)
+    return calls
+
+
+def _borrow_commit_and_roll_back(alias: str) -> None:
+    """On a thread of its own: a transaction that commits, then one that rolls back."""
+    try:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        with pytest.raises(RuntimeError), transaction.atomic(using=alias):
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+            raise RuntimeError("roll back")
+    finally:
+        connections.close_all()
+
+
+if django.VERSION >= (5, 1):  # Django's pool (OPTIONS["pool"]) exists from 5.1
+
+    @pytest.mark.django_db(transaction=True, databases=["default", POOLED])
+    def test_a_pooled_connection_given_back_no_longer_acts_for_its_former_owner(
+        pooled: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """After a Django connection gives its psycopg connection back to the pool, the next
+        borrower's commits and rollbacks (another thread) never flush or discard its rows."""
+        former = connections[pooled]
+        with transaction.atomic(using=pooled):
+            first = add.delay(1, 1)  # rows wait on the pooled psycopg connection
+        raw = former.connection
+        state = deferred.pending(former)
+        assert state is not None
+        foreign = _calls_from_other_threads(state, monkeypatch)
+        former.close()  # back to the pool
+        borrower = threading.Thread(target=_borrow_commit_and_roll_back, args=(pooled,))
+        borrower.start()
+        borrower.join(timeout=60)
+        assert not borrower.is_alive()
+        assert foreign == []
+        with transaction.atomic(using=pooled):
+            second = add.delay(2, 2)
+        assert former.connection is raw  # the pool lent it back: the test met the same one
+        stored = set(OutboxMessage.objects.values_list("task_id", flat=True))
+        assert stored == {first.id, second.id}

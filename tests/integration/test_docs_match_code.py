@@ -12,6 +12,7 @@ from django.core.management import load_command_class
 from django.db import transaction
 
 from outbox_notify import checks, conf, signals
+from outbox_notify.events.consumer import Outcome
 from tests.celery_app import add
 from tests.relay_support import ROOT
 
@@ -80,6 +81,24 @@ def test_the_check_tables_list_exactly_the_check_ids_the_code_emits(
     emitted = set(re.findall(r'id="(outbox_notify\.[EW]\d{3})"', source))
     documented = _table_first_column(_section(page, heading))
     assert sorted(documented) == sorted(emitted)
+
+
+def test_the_log_event_tables_list_every_event_the_package_logs() -> None:
+    """Each event name in a log call of outbox_notify is in the reference's Log events tables,
+    and each name there is one the package uses (the two built from a prefix included)."""
+    package = Path(checks.__file__).parent
+    source = "".join(path.read_text() for path in package.rglob("*.py"))
+    logged = set(
+        re.findall(
+            r'\.(?:debug|info|warning|error|exception)\(\s*"(outbox\.[a-z_]+)"\s*[,)]', source
+        )
+    )
+    literals = set(re.findall(r'"(outbox\.[a-z_]+)"', source))
+    # delivery.py logs "outbox.event_" + the outcome of a handled or skipped message
+    built = {f"outbox.event_{outcome.value}" for outcome in (Outcome.HANDLED, Outcome.SKIPPED)}
+    documented = set(_table_first_column(_section("reference.md", "## Log events")))
+    assert sorted(logged - documented) == []
+    assert sorted(documented - literals - built) == []
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -46,7 +46,7 @@ def markers() -> list[str]:
 
 
 def test_an_event_is_handled_once_with_its_id_in_the_consumers_scope() -> None:
-    """The handler's effect and the inbox record of the event id commit together."""
+    """The handler's effect and the inbox record of the event (source and id) commit together."""
     consumer = event_consumers.build("once")
     result = consumer.process(body(OrderPlaced(order_id=1, marker="a"), "ev-1"))
     assert result.outcome is Outcome.HANDLED

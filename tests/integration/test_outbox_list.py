@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from outbox_notify import listing
+from outbox_notify.models import OutboxMessage
 from outbox_notify.stats import queries
 from tests.command_support import run_command
 
@@ -99,14 +102,58 @@ def test_filters_by_task_name_age_and_error_text() -> None:
     assert ids("--state", "dead", "--error-contains", "TIMEOUT") == ["died-now"]
 
 
-def test_limit_holds_across_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pages of 2 rows: --limit 5 gives the 5 oldest, in order, of 7; held pages follow the ETA."""
+@pytest.fixture
+def pages(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Pages of 2 rows; the list of page queries the listing sent (one entry per page)."""
     monkeypatch.setattr(listing, "PAGE_SIZE", 2)
-    for i in range(7):
-        row(f"r{i}")
+    sent: list[str] = []
+
+    def counting(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "LIMIT %(page)s" in sql:
+            sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counting):
+        yield sent
+
+
+def same_retry_after(*row_ids: int) -> None:
+    """Give these rows one retry_after (the first's): ties the held listing breaks by id."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE outbox_notify_message_v1 SET retry_after = "
+            "(SELECT retry_after FROM outbox_notify_message_v1 WHERE id = %s) "
+            "WHERE id = ANY(%s)",
+            [row_ids[0], list(row_ids)],
+        )
+
+
+def seed_each_state() -> dict[str, list[str]]:
+    """Five rows of each state, interleaved with the others; each state's expected order."""
+    for i in range(5):
+        row(f"p{i}", retries=i % 2, due_in=60 if i % 2 else None, error="x" if i % 2 else None)
         row(f"h{i}", due_in=1000 - i)
-    assert ids("--limit", "5") == [f"r{i}" for i in range(5)]
-    assert ids("--state", "held") == [f"h{i}" for i in reversed(range(7))]
+        dead(f"d{i}")
+    # h3, h2, h1 share a retry_after: their order, across a page boundary, is their id order.
+    held = [r.id for r in OutboxMessage.objects.filter(task_id__in=["h3", "h2", "h1"])]
+    same_retry_after(*sorted(held))
+    return {
+        "pending": [f"p{i}" for i in range(5)],
+        "held": ["h4", "h1", "h2", "h3", "h0"],
+        "dead": [f"d{i}" for i in range(5)],
+    }
+
+
+@pytest.mark.parametrize("state", ["pending", "held", "dead"])
+def test_each_state_pages_through_its_rows_in_order(state: str, pages: list[str]) -> None:
+    """Pages of 2: every row once, in the state's order (held: ETA, ties by id), other states'
+    rows skipped; --limit ends the paging mid-way and holds across pages."""
+    expected = seed_each_state()[state]
+    assert ids("--state", state) == expected
+    assert len(pages) == 3  # 2 + 2 + 1 rows
+    pages.clear()
+    assert ids("--state", state, "--limit", "3") == expected[:3]
+    assert len(pages) == 2  # 2 + 1 rows
 
 
 @override_settings(OUTBOX_NOTIFY_REDACT="tests.integration.test_admin.mask_card")
@@ -162,3 +209,14 @@ def test_on_a_terminal_a_long_listing_shows_progress_and_stdout_stays_the_table(
     assert piped.returncode == 0, piped.stderr
     assert "reading rows" not in piped.stderr
     assert piped.stdout == on_tty.stdout.replace("\r\n", "\n")
+
+
+def test_the_progress_line_is_not_styled_as_an_error(subprocess_env: dict[str, Any]) -> None:
+    """In a terminal (stdout and stderr ttys, so Django turns colours on) the progress line is
+    plain text, not the bold red Django gives what a command writes to stderr."""
+    row("t0")
+    limit = str(listing.PAGE_SIZE * 5)
+    ran = run_command(subprocess_env, "outbox_list", "--limit", limit, tty=True, stdout_tty=True)
+    assert ran.returncode == 0, ran.stderr
+    assert "\r\x1b[Kreading rows: [" in ran.stderr, repr(ran.stderr)
+    assert re.findall(r"\x1b\[[0-9;]*m", ran.stderr) == [], repr(ran.stderr)

@@ -66,5 +66,10 @@ class Progress:
             self._write(_CLEAR)
 
     def _write(self, text: str) -> None:
-        self.stream.write(text, ending="")
+        # Plain: a command's stderr styles what it writes as an error (bold red on a terminal).
+        self.stream.write(text, style_func=_plain, ending="")
         self.stream.flush()
+
+
+def _plain(text: str) -> str:
+    return text

@@ -22,7 +22,8 @@ class Command(OutboxCommand):
 
     help = (
         "List the dead letters of an outbox_notify.events.Consumer (they stay in their queue), "
-        "or replay them to the consumer's queue (all, or those with the given event ids)."
+        "or replay them to the consumer's queue (all, or those with the given event ids, of "
+        "the given event source)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -32,6 +33,11 @@ class Command(OutboxCommand):
         action.add_argument("--replay", action="store_true")
         parser.add_argument(
             "--id", nargs="+", dest="ids", metavar="EVENT_ID", help="with --replay: only these"
+        )
+        parser.add_argument(
+            "--source",
+            metavar="SOURCE",
+            help="only events from this source (CloudEvents ids are unique within a source)",
         )
         parser.add_argument("--limit", type=whole_number(1), default=100, metavar="N")
         parser.add_argument("--format", choices=("table", "json"), default="table")
@@ -48,14 +54,14 @@ class Command(OutboxCommand):
                 if options["listing"]:
                     self._list(consumer, options)
                 else:
-                    self._replay(consumer, options["ids"])
+                    self._replay(consumer, options["ids"], options["source"])
         except CommandError:
             raise
         except Exception as exc:  # kombu's connection errors vary with the transport
             raise CommandError(f"the broker cannot be reached: {one_line(exc)}") from exc
 
     def _list(self, consumer: consumers.Consumer, options: dict[str, Any]) -> None:
-        found = dead_letters.list_dead(consumer, limit=options["limit"])
+        found = dead_letters.list_dead(consumer, limit=options["limit"], source=options["source"])
         if options["format"] == "json":
             self.stdout.write(json.dumps([d.as_dict() for d in found], ensure_ascii=False))
             return
@@ -64,17 +70,20 @@ class Command(OutboxCommand):
             return
         for dead in found:
             self.stdout.write(
-                f"{dead.event_id or '-'}  {dead.event_type or '-'}  {dead.kind}  "
-                f"attempts={dead.attempts}  {dead.dead_at}  {dead.reason}  {dead.data}"
+                f"{dead.event_id or '-'}  {dead.event_source or '-'}  {dead.event_type or '-'}  "
+                f"{dead.kind}  attempts={dead.attempts}  {dead.dead_at}  {dead.reason}  {dead.data}"
             )
 
-    def _replay(self, consumer: consumers.Consumer, ids: list[str] | None) -> None:
-        result = dead_letters.replay(consumer, ids=ids)
+    def _replay(
+        self, consumer: consumers.Consumer, ids: list[str] | None, source: str | None
+    ) -> None:
+        result = dead_letters.replay(consumer, ids=ids, source=source)
         self.stdout.write(
             f"replayed {len(result.replayed)} dead letters to queue {consumer.queue!r}"
         )
         if result.missing:
+            among = "" if source is None else f" among the events of source {source!r}"
             self.stderr.write(
-                f"warning: {len(result.missing)} of the given ids were not found: "
+                f"warning: {len(result.missing)} of the given ids were not found{among}: "
                 + ", ".join(result.missing)
             )
