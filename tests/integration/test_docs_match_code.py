@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,47 @@ def test_every_flag_of_a_command_is_documented_in_its_section(command: str) -> N
     section = _section("reference.md", f"### `{command}`")
     missing = sorted(flag for flag in flags if f"`{flag}" not in section)
     assert missing == []
+
+
+def _documented_exit_code(command: str, flag: str) -> int:
+    """The code a command's "Exit codes: 0 ...; 1 ...; 2 ..." sentence gives an error of `flag`."""
+    section = _section("reference.md", f"### `{command}`")
+    sentence = re.search(r"Exit codes: (.*?)\.(?:\s|$)", section, re.DOTALL)
+    assert sentence, f"no 'Exit codes:' sentence in the section of {command}"
+    codes = [
+        int(part[0]) for part in sentence.group(1).split("; ") if f"`{flag}`" in part.split("(")[-1]
+    ]
+    assert len(codes) == 1, f"the exit codes of {command} name {flag} {len(codes)} times"
+    return codes[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("outbox_purge_dead_letter", ["--older-than-days", "-1"]),
+        ("outbox_purge_dead_letter", ["--chunk-size", "0"]),
+        ("outbox_requeue_dead_letter", ["--all", "--chunk-size", "0"]),
+        ("outbox_purge_inbox", ["--older-than-days", "-1"]),
+        ("outbox_purge_inbox", ["--chunk-size", "0"]),
+    ],
+)
+def test_a_flag_out_of_range_exits_with_the_documented_code(
+    command: str, argv: list[str], subprocess_env: dict[str, Any]
+) -> None:
+    """The command, run as a subprocess, exits with the code its reference section gives."""
+    flag = argv[-2]
+    result = subprocess.run(
+        [sys.executable, "-m", "django", command, *argv],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == _documented_exit_code(command, flag), result.stderr
+    assert result.stderr.startswith("usage:")
+    assert f"argument {flag}: must be at least" in result.stderr
 
 
 def test_every_signal_is_documented_with_the_outbox_notify_sender() -> None:
