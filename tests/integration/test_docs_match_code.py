@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -96,6 +97,40 @@ def test_every_flag_of_a_command_is_documented_in_its_section(command: str) -> N
     section = _section("reference.md", f"### `{command}`")
     missing = sorted(flag for flag in flags if f"`{flag}" not in section)
     assert missing == []
+
+
+def _fenced_after(text: str, marker: str) -> list[str]:
+    """The lines of the first fenced block after `marker`."""
+    after = text.split(marker, 1)[1]
+    return after.split("```", 2)[1].split("\n")[1:-1]
+
+
+def test_the_system_check_block_is_what_django_prints(
+    tmp_path: Path, subprocess_env: dict[str, Any]
+) -> None:
+    """reference.md's `check` output for its two example settings is what `check` prints."""
+    section = _section("reference.md", "## System checks")
+    settings_lines = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = _fenced_after(section, "test_docs_match_code.py runs this command")
+    assert shown[0] == "$ python manage.py check"
+    (tmp_path / "check_settings.py").write_text("from tests.settings import *\n" + settings_lines)
+    env = {
+        **subprocess_env,
+        "DJANGO_SETTINGS_MODULE": "check_settings",
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{subprocess_env['PYTHONPATH']}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == shown[1:]
 
 
 def _documented_exit_code(command: str, flag: str) -> int:
