@@ -213,12 +213,24 @@ def test_created_and_sent_signals_arrive_with_the_documented_sender(fake_relay: 
 def test_the_documented_way_to_write_out_the_sql_files_works(
     tmp_path: Path, subprocess_env: dict[str, Any]
 ) -> None:
-    """install.md's commands write install.sql and uninstall.sql byte for byte (editable install)."""
-    text = (DOCS / "install.md").read_text()
-    commands = re.findall(r"^\$ (python -c .*sql\.read.* > (\w+\.sql))$", text, re.MULTILINE)
-    assert [name for _, name in commands] == ["install.sql", "uninstall.sql"]
-    for command, name in commands:
-        subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=subprocess_env, check=True, timeout=60
+    """Every `python -m outbox_notify.sql NAME > FILE` of the docs writes the file byte for byte."""
+    found = [
+        (page, command, name)
+        for page in ("install.md", "security.md", "reference.md")
+        for command, name in re.findall(
+            r"^\s*\$ (python -m outbox_notify\.sql (\S+) > \S+)$",
+            (DOCS / page).read_text(),
+            re.MULTILINE,
         )
-        assert (tmp_path / name).read_bytes() == (ROOT / "sql" / name).read_bytes()
+    ]
+    names = {name for _, _, name in found}
+    assert {"install.sql", "uninstall.sql", "relay_role.sql"} <= names
+    assert any(name.startswith("migrations/") for name in names)
+    env = {key: value for key, value in subprocess_env.items() if key != "DJANGO_SETTINGS_MODULE"}
+    for page, command, name in found:
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, timeout=60, check=False
+        )
+        assert result.returncode == 0, (page, command)
+        written = tmp_path / command.rsplit("> ", 1)[1]
+        assert written.read_bytes() == (ROOT / "sql" / name).read_bytes(), (page, command)
