@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import load_command_class
 from django.db import transaction
+from django.db.migrations.loader import MigrationLoader
 
 from outbox_notify import checks, conf, signals
 from tests.celery_app import add
@@ -97,6 +98,17 @@ def test_every_flag_of_a_command_is_documented_in_its_section(command: str) -> N
     section = _section("reference.md", f"### `{command}`")
     missing = sorted(flag for flag in flags if f"`{flag}" not in section)
     assert missing == []
+
+
+def test_install_md_fakes_the_last_migration_after_install_sql() -> None:
+    """install.sql builds every migration's schema: the page must fake up to the last one."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    (last,) = [name for app, name in loader.graph.leaf_nodes() if app == "outbox_notify"]
+    section = _section("install.md", "### By hand, with psql (for DBAs)")
+    faked = re.findall(r"migrate outbox_notify (\w+) --fake", section)
+    named = re.findall(r"`(\d{4}_\w+)`", section)
+    assert faked == [last]
+    assert named == [last]
 
 
 def _fenced_after(text: str, marker: str) -> list[str]:
