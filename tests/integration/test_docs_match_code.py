@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.core.management import load_command_class
 from django.db import transaction
 from django.db.migrations.loader import MigrationLoader
@@ -98,6 +99,19 @@ def test_every_flag_of_a_command_is_documented_in_its_section(command: str) -> N
     section = _section("reference.md", f"### `{command}`")
     missing = sorted(flag for flag in flags if f"`{flag}" not in section)
     assert missing == []
+
+
+def test_every_admin_action_is_documented_under_its_menu_label() -> None:
+    """operations.md's admin section describes each action of the outbox admins, and no other."""
+    labels = [
+        str(getattr(model_admin, name).short_description)
+        for model, model_admin in admin.site._registry.items()
+        if model._meta.app_label == "outbox_notify"
+        for name in model_admin.actions or ()
+    ]
+    documented = re.findall(r"^- \*\*(.+?)\*\* \(", _section("operations.md", "## The admin"), re.M)
+    assert sorted(documented) == sorted(labels)
+    assert len(labels) == 3
 
 
 def test_install_md_fakes_the_last_migration_after_install_sql() -> None:
