@@ -37,6 +37,7 @@ COMMANDS = (
     "outbox_stats",
     "outbox_purge_dead_letter",
     "outbox_requeue_dead_letter",
+    "outbox_purge_inbox",
     "outbox_list",
     "outbox_consume",
     "outbox_consume_dead",
