@@ -1,9 +1,17 @@
-"""Loads the SQL files shipped with the package: the DDL and the relay's named queries."""
+"""Loads the SQL files shipped with the package: the DDL and the relay's named queries.
+
+`python -m outbox_notify.sql NAME` prints one of them (`install.sql`, `relay_role.sql`,
+`migrations/0001_initial.sql`, ...) for `psql`, from wherever the package is installed;
+without NAME it lists them.
+"""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import re
+import sys
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -63,3 +71,41 @@ def parse_named_queries(text: str) -> dict[str, str]:
 def queries() -> dict[str, str]:
     """The relay's named queries from `sql/queries.sql`, loaded once."""
     return parse_named_queries(read("queries.sql"))
+
+
+def names() -> list[str]:
+    """Every packaged SQL file, as its path in the `sql/` folder (`migrations/0001_initial.sql`)."""
+    root = _sql_dir()
+    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*.sql"))
+
+
+def _known_name(text: str) -> str:
+    """An argparse type: the name of a packaged SQL file (`.sql` may be left out)."""
+    known = names()
+    for candidate in (text, f"{text}.sql"):
+        if candidate in known:
+            return candidate
+    raise argparse.ArgumentTypeError(
+        f"no SQL file named {text!r}; the files are: {', '.join(known)}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print one packaged SQL file byte for byte, or list them all without a NAME."""
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox_notify.sql",
+        description="Print an SQL file of the installed outbox-notify (for psql), or list them.",
+    )
+    parser.add_argument(
+        "name", nargs="?", type=_known_name, metavar="NAME", help="e.g. install.sql"
+    )
+    name = parser.parse_args(argv).name
+    if name is None:
+        sys.stdout.write("".join(f"{known}\n" for known in names()))
+        return
+    sys.stdout.flush()
+    sys.stdout.buffer.write((_sql_dir() / name).read_bytes())
+
+
+if __name__ == "__main__":
+    main()

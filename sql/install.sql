@@ -1,6 +1,7 @@
 -- outbox-notify: the current schema in one file, for psql users.
 --
 -- Apply with:  psql -v ON_ERROR_STOP=1 -f sql/install.sql
+-- (from a pip install, write it out first: python -m outbox_notify.sql install.sql > install.sql)
 -- Remove with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
 -- Then record it in Django's migration table: manage.py migrate outbox_notify <last> --fake,
 -- naming the last migration of sql/migrations/ (docs/install.md).

@@ -4,6 +4,8 @@
 --
 --   psql -v ON_ERROR_STOP=1 -d yourdb -f sql/relay_role.sql
 --
+-- (from a pip install, write it out first: python -m outbox_notify.sql relay_role.sql > relay_role.sql)
+--
 -- It creates two group roles (NOLOGIN) and grants them what they need, nothing more. Give
 -- them to your login roles yourself, so no password ever sits in this file:
 --

@@ -2,6 +2,7 @@
 -- the inbox's keys included. The migrations' own reverse files are in sql/migrations/.
 --
 -- Apply with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
+-- (from a pip install, write it out first: python -m outbox_notify.sql uninstall.sql > uninstall.sql)
 
 DROP TABLE IF EXISTS outbox_notify_inbox_v1;
 DROP TABLE IF EXISTS outbox_notify_frontier_v1;

@@ -13,7 +13,8 @@ says what to do with it:
 - `<!-- first-hour: skip ... -->`: not run (pip install: the test uses the repository's venv).
 
 Outputs are compared after `normalize()`, which blanks what differs from run to run (times,
-task ids, host names, durations) and the one line Django 5.2's shell adds.
+task ids, host names, durations) and drops the one line Django 5.2's shell adds (4.2 prints
+none); `shell_imports()` finds that line, so the test can compare it where it is printed.
 """
 
 from __future__ import annotations
@@ -129,6 +130,11 @@ def normalize(lines: list[str] | tuple[str, ...]) -> list[str]:
     while result and not result[-1]:
         result.pop()
     return result
+
+
+def shell_imports(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """The lines in which Django's shell says how many objects it imported (5.2; 4.2 prints none)."""
+    return [line for line in lines if _SHELL_IMPORTS.match(line)]
 
 
 def groups(lines: tuple[str, ...]) -> list[list[str]]:

@@ -246,6 +246,12 @@ def test_wheel_installs_migrates_and_notifies(
             " (SELECT tgenabled::text FROM pg_trigger WHERE tgname = 'outbox_notify_wake_v1')"
         ).fetchone()
     assert found == (True, True, True, "O")
+    # A pip install has no sql/ folder: `python -m outbox_notify.sql` prints the packaged files.
+    listed = _run([str(python), "-m", "outbox_notify.sql"], cwd=python.parent, env=env).split()
+    assert set(SQL_FILES) <= set(listed)
+    for name in ("relay_role.sql", "migrations/0004_inbox.sql"):
+        printed = _run([str(python), "-m", "outbox_notify.sql", name], cwd=python.parent, env=env)
+        assert printed == (REPO / "sql" / name).read_text(), name
     _assert_trigger_notifies(pg_server_url, wheel_database)
 
 

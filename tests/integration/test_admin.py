@@ -152,6 +152,32 @@ def test_arguments_are_redacted_in_list_and_detail(operator: Client) -> None:
         assert "****" in html
 
 
+def test_without_a_redactor_secret_looking_keys_are_masked_on_every_page(operator: Client) -> None:
+    """No OUTBOX_NOTIFY_REDACT: a card number and a password never reach the admin's HTML."""
+    row = add_message()
+    with connections["default"].cursor() as cur:
+        cur.execute(
+            "UPDATE outbox_notify_message_v1 SET args = %s::json WHERE id = %s",
+            [json.dumps([{"user": "ann", "password": "hunter2"}]), row.id],
+        )
+    dead = add_dead_letter()
+    pages = [
+        operator.get(reverse(OUTBOX_LIST)),
+        operator.get(reverse("admin:outbox_notify_outboxmessage_change", args=[row.id])),
+        operator.get(reverse(DEAD_LIST)),
+        operator.get(reverse("admin:outbox_notify_deadletter_change", args=[dead.id])),
+    ]
+    for page in pages:
+        html = page.content.decode()
+        assert page.status_code == 200
+        assert SECRET not in html
+        assert "hunter2" not in html
+        assert "kwargs={&quot;card&quot;: &quot;********&quot;}" in html
+    assert "&quot;user&quot;: &quot;ann&quot;, &quot;password&quot;: &quot;********&quot;" in (
+        pages[0].content.decode()
+    )
+
+
 @override_settings(OUTBOX_NOTIFY_REDACT="tests.integration.test_admin.broken")
 def test_a_failing_redactor_shows_a_placeholder(operator: Client) -> None:
     """When the redactor raises, the page shows '<redaction failed>', never the values."""

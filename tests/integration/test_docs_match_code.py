@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.core.management import load_command_class
 from django.db import transaction
+from django.db.migrations.loader import MigrationLoader
 
 from outbox_notify import checks, conf, signals
 from outbox_notify.events.consumer import Outcome
@@ -34,6 +38,7 @@ COMMANDS = (
     "outbox_stats",
     "outbox_purge_dead_letter",
     "outbox_requeue_dead_letter",
+    "outbox_purge_inbox",
     "outbox_list",
     "outbox_consume",
     "outbox_consume_dead",
@@ -116,6 +121,105 @@ def test_every_flag_of_a_command_is_documented_in_its_section(command: str) -> N
     assert missing == []
 
 
+def test_every_admin_action_is_documented_under_its_menu_label() -> None:
+    """operations.md's admin section describes each action of the outbox admins, and no other."""
+    labels = [
+        str(getattr(model_admin, name).short_description)
+        for model, model_admin in admin.site._registry.items()
+        if model._meta.app_label == "outbox_notify"
+        for name in model_admin.actions or ()
+    ]
+    documented = re.findall(r"^- \*\*(.+?)\*\* \(", _section("operations.md", "## The admin"), re.M)
+    assert sorted(documented) == sorted(labels)
+    assert len(labels) == 3
+
+
+def test_install_md_fakes_the_last_migration_after_install_sql() -> None:
+    """install.sql builds every migration's schema: the page must fake up to the last one."""
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    (last,) = [name for app, name in loader.graph.leaf_nodes() if app == "outbox_notify"]
+    section = _section("install.md", "### By hand, with psql (for DBAs)")
+    faked = re.findall(r"migrate outbox_notify (\w+) --fake", section)
+    named = re.findall(r"`(\d{4}_\w+)`", section)
+    assert faked == [last]
+    assert named == [last]
+
+
+def _fenced_after(text: str, marker: str) -> list[str]:
+    """The lines of the first fenced block after `marker`."""
+    after = text.split(marker, 1)[1]
+    return after.split("```", 2)[1].split("\n")[1:-1]
+
+
+def test_the_system_check_block_is_what_django_prints(
+    tmp_path: Path, subprocess_env: dict[str, Any]
+) -> None:
+    """reference.md's `check` output for its two example settings is what `check` prints."""
+    section = _section("reference.md", "## System checks")
+    settings_lines = section.split("```python\n", 1)[1].split("```", 1)[0]
+    shown = _fenced_after(section, "test_docs_match_code.py runs this command")
+    assert shown[0] == "$ python manage.py check"
+    (tmp_path / "check_settings.py").write_text("from tests.settings import *\n" + settings_lines)
+    env = {
+        **subprocess_env,
+        "DJANGO_SETTINGS_MODULE": "check_settings",
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{subprocess_env['PYTHONPATH']}",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == shown[1:]
+
+
+def _documented_exit_code(command: str, flag: str) -> int:
+    """The code a command's "Exit codes: 0 ...; 1 ...; 2 ..." sentence gives an error of `flag`."""
+    section = _section("reference.md", f"### `{command}`")
+    sentence = re.search(r"Exit codes: (.*?)\.(?:\s|$)", section, re.DOTALL)
+    assert sentence, f"no 'Exit codes:' sentence in the section of {command}"
+    codes = [
+        int(part[0]) for part in sentence.group(1).split("; ") if f"`{flag}`" in part.split("(")[-1]
+    ]
+    assert len(codes) == 1, f"the exit codes of {command} name {flag} {len(codes)} times"
+    return codes[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "argv"),
+    [
+        ("outbox_purge_dead_letter", ["--older-than-days", "-1"]),
+        ("outbox_purge_dead_letter", ["--chunk-size", "0"]),
+        ("outbox_requeue_dead_letter", ["--all", "--chunk-size", "0"]),
+        ("outbox_purge_inbox", ["--older-than-days", "-1"]),
+        ("outbox_purge_inbox", ["--chunk-size", "0"]),
+    ],
+)
+def test_a_flag_out_of_range_exits_with_the_documented_code(
+    command: str, argv: list[str], subprocess_env: dict[str, Any]
+) -> None:
+    """The command, run as a subprocess, exits with the code its reference section gives."""
+    flag = argv[-2]
+    result = subprocess.run(
+        [sys.executable, "-m", "django", command, *argv],
+        cwd=ROOT,
+        env=subprocess_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == _documented_exit_code(command, flag), result.stderr
+    assert result.stderr.startswith("usage:")
+    assert f"argument {flag}: must be at least" in result.stderr
+
+
 def test_every_signal_is_documented_with_the_outbox_notify_sender() -> None:
     """The signals table gives "outbox_notify" as the sender of each of the four signals."""
     rows = [
@@ -155,12 +259,24 @@ def test_created_and_sent_signals_arrive_with_the_documented_sender(fake_relay: 
 def test_the_documented_way_to_write_out_the_sql_files_works(
     tmp_path: Path, subprocess_env: dict[str, Any]
 ) -> None:
-    """install.md's commands write install.sql and uninstall.sql byte for byte (editable install)."""
-    text = (DOCS / "install.md").read_text()
-    commands = re.findall(r"^\$ (python -c .*sql\.read.* > (\w+\.sql))$", text, re.MULTILINE)
-    assert [name for _, name in commands] == ["install.sql", "uninstall.sql"]
-    for command, name in commands:
-        subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=subprocess_env, check=True, timeout=60
+    """Every `python -m outbox_notify.sql NAME > FILE` of the docs writes the file byte for byte."""
+    found = [
+        (page, command, name)
+        for page in ("install.md", "security.md", "reference.md")
+        for command, name in re.findall(
+            r"^\s*\$ (python -m outbox_notify\.sql (\S+) > \S+)$",
+            (DOCS / page).read_text(),
+            re.MULTILINE,
         )
-        assert (tmp_path / name).read_bytes() == (ROOT / "sql" / name).read_bytes()
+    ]
+    names = {name for _, _, name in found}
+    assert {"install.sql", "uninstall.sql", "relay_role.sql"} <= names
+    assert any(name.startswith("migrations/") for name in names)
+    env = {key: value for key, value in subprocess_env.items() if key != "DJANGO_SETTINGS_MODULE"}
+    for page, command, name in found:
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, timeout=60, check=False
+        )
+        assert result.returncode == 0, (page, command)
+        written = tmp_path / command.rsplit("> ", 1)[1]
+        assert written.read_bytes() == (ROOT / "sql" / name).read_bytes(), (page, command)

@@ -174,6 +174,13 @@ def test_arguments_are_shown_through_the_redactor_in_both_formats() -> None:
     assert "4111" not in line
 
 
+def test_without_a_redactor_secret_looking_keys_are_masked() -> None:
+    """No OUTBOX_NOTIFY_REDACT: the card number is masked, the amount shown."""
+    row("paid", kwargs='{"card": "4111111111111111", "amount": 5}')
+    [shown] = listed()
+    assert shown["arguments"] == 'args=[1, 2] kwargs={"card": "********", "amount": 5}'
+
+
 @pytest.mark.parametrize("name", ["list_pending_page", "list_held_page", "list_dead_page"])
 def test_each_query_reads_an_index_in_its_order_without_sorting(name: str) -> None:
     """With sequential scans and sorts priced out, each page query still has a plan: one that

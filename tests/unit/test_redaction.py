@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import structlog
 from django.test import override_settings
 
@@ -76,3 +78,85 @@ def test_a_redactor_returning_the_wrong_shape_counts_as_failed() -> None:
 def test_an_unimportable_redactor_counts_as_failed() -> None:
     """A redactor path that does not import hides the values instead of showing them raw."""
     assert redaction.display("t", [SECRET], {}) == "<redaction failed>"
+
+
+def show_all(
+    task_name: str, args: list[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """A redactor that shows everything (a user's explicit choice)."""
+    return args, kwargs
+
+
+def test_without_a_redactor_secret_looking_keys_are_masked_at_any_depth() -> None:
+    """No OUTBOX_NOTIFY_REDACT: values under password/token/card/... keys show as ********."""
+    shown = redaction.display(
+        "shop.charge",
+        [7, {"user": "ann", "auth": {"apiKey": "k-123"}}, [{"card_number": SECRET}]],
+        {"password": "hunter2", "amount": 5, "headers": {"Authorization": "Bearer xyz"}},
+    )
+    for secret in ("k-123", SECRET, "hunter2", "Bearer xyz"):
+        assert secret not in shown
+    assert shown == (
+        'args=[7, {"user": "ann", "auth": "********"}, [{"card_number": "********"}]] '
+        'kwargs={"password": "********", "amount": 5, "headers": {"Authorization": "********"}}'
+    )
+
+
+def test_an_event_s_data_is_masked_the_same_way() -> None:
+    """Without a redactor an event's data keeps its shape and loses its secret values."""
+    shown = redaction.display_event("shop.paid", {"order": 7, "card": {"number": SECRET}})
+    assert shown == 'data={"order": 7, "card": "********"}'
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "password", "db_password", "passwd", "pwd", "secret", "client_secret", "token",
+        "accessToken", "api_key", "apiKey", "X-Api-Key", "auth", "Authorization",
+        "credentials", "card", "creditCard", "cvv", "pin", "userPIN", "ssn", "iban", "otp",
+        "sessionid", "cookie", "signature", "private_key", "AWS_ACCESS_KEY",
+    ],
+)  # fmt: skip
+def test_secret_looking_keys(key: str) -> None:
+    """Keys that name credentials, card data or sessions count as secret, in any case or style."""
+    assert redaction.is_secret_key(key)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "author", "author_id", "authority", "order_id", "amount", "key", "cache_key",
+        "ordering_key", "shipping", "spinner", "opinion", "classname", "footprint", "discard",
+        "postcard", "company", "email",
+    ],
+)  # fmt: skip
+def test_ordinary_keys_are_shown(key: str) -> None:
+    """Keys that merely contain the letters of a secret word (author, shipping) are shown."""
+    assert not redaction.is_secret_key(key)
+
+
+@override_settings(OUTBOX_NOTIFY_REDACT="tests.unit.test_redaction.show_all")
+def test_a_configured_redactor_replaces_the_default_masking() -> None:
+    """OUTBOX_NOTIFY_REDACT is the user's override: a redactor that shows all shows all."""
+    shown = redaction.display("t", [], {"password": "hunter2"})
+    assert shown == 'args=[] kwargs={"password": "hunter2"}'
+
+
+def test_mask_secrets_can_be_called_by_a_redactor_of_one_s_own() -> None:
+    """mask_secrets is a redactor itself, so a custom one can apply it to what it leaves."""
+    args, kwargs = redaction.mask_secrets("t", ["4111"], {"token": "t-1", "n": 1})
+    assert (args, kwargs) == (["4111"], {"token": redaction.MASK, "n": 1})
+
+
+def test_the_redactor_security_md_shows_works_as_described() -> None:
+    """docs/security.md's example hides charge's positional card and masks the rest."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    code = page.split("```python\n# proj/redact.py\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "security.md", "exec"), namespace)  # noqa: S102 - our own docs
+    outbox = namespace["outbox"]
+    assert outbox("shop.tasks.charge", [7, SECRET], {"token": "t-1"}) == (
+        [7, "****"],
+        {"token": redaction.MASK},
+    )
+    assert outbox("shop.tasks.other", [SECRET], {}) == ([SECRET], {})
