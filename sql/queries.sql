@@ -291,12 +291,19 @@ SELECT set_config('idle_in_transaction_session_timeout', %(timeout_ms)s, true),
 -- name: set_claim_lock_wait
 -- A claim made while this relay already holds another one must not queue behind a lock
 -- request that waits for that other claim (a TRUNCATE, an ALTER TABLE, a migration): the
--- relay would wait for itself. Transaction-local, and only for the claim itself.
-SELECT set_config('lock_timeout', %(wait)s, true);
+-- relay would wait for itself. Nor may it run long for any other reason (a server starved of
+-- CPU or I/O): the claim in flight on the other connection is waiting for it, and must end
+-- within --stale-timeout. Transaction-local, and only for the claim itself.
+SELECT set_config('lock_timeout', %(wait)s, true),
+       set_config('statement_timeout', %(wait)s, true);
 
 -- name: reset_claim_lock_wait
--- After the claim: the finalising statements wait for locks as the session does.
+-- After the claim: the finalising statements wait for locks as the session does...
 SET LOCAL lock_timeout TO DEFAULT;
+
+-- name: reset_claim_statement_timeout
+-- ... and may take as long as the session lets them.
+SET LOCAL statement_timeout TO DEFAULT;
 
 -- name: listen
 LISTEN outbox_notify_v1;

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import select
+import socket
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -584,21 +585,21 @@ class AmqpConfirmPublisher:
             batch.results.append(None)
             pending += 1
             if frames.size >= _FLUSH_BYTES:
-                self._flush(session, batch, pending)
+                self._flush(session, batch, pending, write_end)
                 pending = 0
         if pending and time.monotonic() > write_end:
             # Too late to start another write: these stay unsent, their tags unused.
             del batch.sent[-pending:], batch.results[-pending:]
             frames.clear()
         elif pending:
-            self._flush(session, batch, pending)
+            self._flush(session, batch, pending, write_end)
 
-    def _flush(self, session: _Session, batch: _Batch, count: int) -> None:
+    def _flush(self, session: _Session, batch: _Batch, count: int, write_end: float) -> None:
         data = session.frames.take()
         # Counted before the write: if it breaks part-way, these may have reached the broker.
         batch.open += count
         session.next_tag += count
-        session.raw.transport.write(data)
+        write_before(session.raw.transport.sock, data, write_end)
 
     def _await(self, session: _Session, batch: _Batch, end: float) -> None:
         while batch.open:
@@ -661,6 +662,30 @@ class AmqpConfirmPublisher:
 def _close_all(session: _Session, attempt: Attempt) -> list[tuple[_Batch, int]]:
     """Give the unsettled messages of every group in flight this attempt; list them."""
     return [(batch, pos) for batch in session.batches for pos in batch.close_open(attempt)]
+
+
+def write_before(sock: socket.socket, data: bytes, end: float) -> None:
+    """Write all of `data` before `end` (monotonic seconds), or raise TimeoutError.
+
+    py-amqp's write timeout bounds each system call: a broker that takes a few bytes at a time
+    (a slow link, a nearly full buffer) would keep one write going for as long as it keeps
+    taking them, and the claim waiting on it could outlive --stale-timeout. The deadline here
+    holds for the whole write. A write cut short leaves a partial frame: the caller treats it
+    as a lost connection (an outage), which it is.
+    """
+    view = memoryview(data)
+    previous = sock.gettimeout()
+    try:
+        while view:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"the broker took {len(data) - len(view)} of {len(data)} bytes in time"
+                )
+            sock.settimeout(remaining)
+            view = view[sock.send(view) :]
+    finally:
+        sock.settimeout(previous)
 
 
 def _forget(session: _Session, batch: _Batch) -> None:

@@ -148,13 +148,25 @@ def may_start(deadline: Callable[[], bool], seconds: float) -> bool:
     return not deadline()
 
 
-def _transport_options(driver: str, timeout: float) -> dict[str, Any]:
+def _transport_options(driver: str, timeout: float, *, confirms: bool = True) -> dict[str, Any]:
     if driver == "redis":
         return {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if driver == "amqp":
         # Publisher confirms: publish() returns only once RabbitMQ has the message.
-        return {"confirm_publish": True, "read_timeout": timeout, "write_timeout": timeout}
+        return {"confirm_publish": confirms, "read_timeout": timeout, "write_timeout": timeout}
     return {}
+
+
+def bounded_connection(app: Any, timeout: float, *, confirms: bool = True) -> Any:
+    """A kombu connection of the app's broker whose connect, reads and writes give up after
+    `timeout` seconds (each), with publisher confirms on RabbitMQ unless told otherwise."""
+    conn = app.connection_for_write(connect_timeout=timeout)
+    driver = conn.transport.driver_type
+    options = {
+        **conn.transport_options,
+        **_transport_options(driver, timeout, confirms=confirms),
+    }
+    return app.connection_for_write(connect_timeout=timeout, transport_options=options)
 
 
 # Error replies with which a broker refuses every write, not this message: out of memory,
@@ -268,14 +280,7 @@ class KombuPublisher:
         """The producer on the live connection, connecting first when needed."""
         if self.producer is not None:
             return self.producer
-        conn = self.app.connection_for_write(connect_timeout=self.send_timeout)
-        options = {
-            **conn.transport_options,
-            **_transport_options(conn.transport.driver_type, self.send_timeout),
-        }
-        conn = self.app.connection_for_write(
-            connect_timeout=self.send_timeout, transport_options=options
-        )
+        conn = bounded_connection(self.app, self.send_timeout)
         on_return: Any = self._on_return if conn.transport.driver_type == "amqp" else None
         try:
             conn.ensure_connection(max_retries=1, timeout=self.send_timeout)

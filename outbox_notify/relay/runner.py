@@ -78,7 +78,9 @@ def build_relay(
         store=ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier),
         spare_store=spare,
         listener=listener,
-        publisher=ChordPublisher(SentEventPublisher(broker, app), app),
+        publisher=ChordPublisher(
+            SentEventPublisher(broker, app, send_timeout=config.send_timeout), app
+        ),
         metrics=metrics.from_settings(),
         reporters=[*reporters(), *extra_reporters],
     )

@@ -230,7 +230,8 @@ class ClaimStore:
 
         `lock_wait` (seconds), for a claim made while this relay holds another one: if the
         table stays locked that long (a lock request such as TRUNCATE or ALTER TABLE queued
-        behind the other claim), give up and raise ClaimWouldWait instead of waiting for it.
+        behind the other claim), or the claim statement runs that long for any reason, give up
+        and raise ClaimWouldWait instead of waiting for it.
         """
         conn = self._connection()
         asked = self.frontier.params()
@@ -249,8 +250,10 @@ class ClaimStore:
                 )
                 if lock_wait is not None:  # the finalising statements wait as usual
                     conn.execute(self.queries["reset_claim_lock_wait"])
+                    conn.execute(self.queries["reset_claim_statement_timeout"])
         except DatabaseUnavailable as exc:
-            if isinstance(exc.__cause__, pg_errors.LockNotAvailable) and not conn.broken:
+            gave_up = (pg_errors.LockNotAvailable, pg_errors.QueryCanceled)
+            if lock_wait is not None and isinstance(exc.__cause__, gave_up) and not conn.broken:
                 self.rollback()
                 raise ClaimWouldWait(str(exc.__cause__)) from exc
             raise

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import socket
 import uuid
 from typing import Any
 
 import pytest
+import structlog
 from django.db import transaction
 from kombu import Connection, Exchange, Queue
 
 from outbox_notify import OutboxCelery, conf
 from outbox_notify.models import OutboxMessage
+from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.publisher import Result
 from outbox_notify.relay.sent_events import SentEventPublisher
 from outbox_notify.testing import RecordingPublisher, SavepointStore
 from tests.celery_app import add
@@ -87,3 +92,58 @@ def test_the_relay_publishes_task_sent_through_the_apps_event_exchange(amqp_url:
     assert event["hostname"]
     assert event["timestamp"]
     assert OutboxMessage.objects.count() == 0
+
+
+def _prepared(task: Any, *values: int) -> list[Any]:
+    """The relay's messages for the rows of `task.delay(value)` for each value (committed,
+    then claimed)."""
+    with transaction.atomic():
+        for value in values:
+            task.delay(value)
+    store = SavepointStore(conf.database_alias())
+    with store.claim(10) as claim:
+        rows = list(claim.rows)
+    now = dt.datetime.now(dt.UTC)
+    return [messages.prepare(row, now) for row in rows]
+
+
+def test_events_with_no_time_left_in_the_claim_are_dropped_not_sent(amqp_url: str) -> None:
+    """Events go out inside the batch's claim: when no broker step fits before its deadline,
+    they are logged and dropped, and the task's own outcome is unchanged."""
+    exchange = f"outbox-events-{uuid.uuid4().hex[:8]}"
+    events_app = _events_app(amqp_url, exchange)
+    task = events_app.task(name="tests.evented")(_echo)
+    watch = Queue(
+        f"{exchange}-watch",
+        Exchange(exchange, type="topic"),
+        routing_key="task.#",
+        auto_delete=True,
+    )
+    with Connection(amqp_url) as conn:
+        watch(conn.default_channel).declare()
+        publisher = SentEventPublisher(RecordingPublisher(), events_app, send_timeout=1.0)
+        with structlog.testing.capture_logs() as logs:
+            attempts = publisher.publish(_prepared(task, 5), lambda: True)  # too late already
+        publisher.close()
+        assert [a.result for a in attempts] == [Result.PUBLISHED]
+        assert conn.SimpleQueue(watch).qsize() == 0
+    [failed] = [e for e in logs if e["event"] == "outbox.sent_event_failed"]
+    assert failed["count"] == 1
+
+
+def test_an_events_broker_that_never_answers_costs_the_claim_one_send_timeout() -> None:
+    """A broker that accepts the connection and says nothing: the events connection gives up
+    after --send-timeout, once for the batch (Celery's dispatcher buffered each event and
+    tried to connect again for the next, a connect timeout each, inside the claim)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        events_app = _events_app(f"amqp://guest:guest@127.0.0.1:{port}//", "unused")
+        task = events_app.task(name="tests.evented")(_echo)
+        publisher = SentEventPublisher(RecordingPublisher(), events_app, send_timeout=0.5)
+        with structlog.testing.capture_logs() as logs:
+            attempts = publisher.publish(_prepared(task, 6, 7, 8), lambda: False)
+        publisher.close()
+    assert [a.result for a in attempts] == [Result.PUBLISHED] * 3
+    assert [e["count"] for e in logs if e["event"] == "outbox.sent_event_failed"] == [3]
