@@ -14,6 +14,7 @@ from celery.result import AsyncResult
 from outbox_notify import (
     batching,
     chords,
+    compact,
     context,
     held,
     instrumentation,
@@ -183,9 +184,10 @@ class OutboxCelery(celery.Celery):
         """The validated outbox row for what a RecordingProducer recorded."""
         assert recorder.recorded is not None
         body, publish_kwargs = recorder.recorded
-        row = serialization.build_row(
+        row = compact.build_row(
             body,
             publish_kwargs,
+            app=self,
             relative=relative,
             context=context.capture(
                 settings.structlog_keys,

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-from outbox_notify import conf, metrics, observability
+from outbox_notify import conf, metrics, observability, queues
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -47,6 +47,7 @@ def reporters() -> list[Reporter]:
 def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Relay:
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
+    queues.use_app(app)  # rows name the queues this app's configuration declares
     params = connection_kwargs(conf.database_alias())
     listener = None
     if listen:
