@@ -212,6 +212,29 @@ def test_group_members_match_and_come_from_one_template(
         assert again == row
 
 
+@pytest.mark.parametrize(
+    ("first", "then"), [(0, None), (None, 3)], ids=["index-first", "none-first"]
+)
+def test_a_group_index_and_none_are_shapes_of_their_own(
+    first: int | None, then: int | None, monkeypatch: pytest.MonkeyPatch, built: Counter
+) -> None:
+    """Two calls that differ only in having a group index never share a template."""
+    group_id = "g-" + uuid.uuid4().hex  # a shape no other test built a template of
+
+    def send(index: int | None) -> Send:
+        return lambda tid: add.apply_async(
+            (1, 2), task_id=tid, group_id=group_id, group_index=index
+        )
+
+    written(send(first), "first-" + uuid.uuid4().hex)  # the template of the first shape
+    task_id = "same-" + uuid.uuid4().hex
+    templated = written(send(then), task_id)
+    with monkeypatch.context() as patch:
+        patch.setattr(templates, "_publish_unobserved", lambda: False)
+        full = written(send(then), task_id)
+    assert templated == full
+
+
 def test_a_publish_signal_receiver_sends_every_call_through_celery(built: Counter) -> None:
     """before_task_publish receivers see each message: the template path stands aside."""
     seen: list[str] = []
