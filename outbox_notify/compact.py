@@ -92,9 +92,9 @@ def same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     if kind is dict:
         return list(a) == list(b) and all(same(v, b[k]) for k, v in a.items())
-    if a is None or kind in (str, int, bool, float, datetime):
+    if a is None or kind is str or kind is int or kind is bool:
         return bool(a == b)
-    return False  # anything else is stored as it is
+    return False  # anything else (a float: 0.0 == -0.0) is stored as it is
 
 
 def _header_default(name: str, task_id: str, task_name: str) -> Any:
@@ -186,9 +186,7 @@ def options_text(
         options["embed"] = embed
     routing, declare = _routing(publish_kwargs, app)
     options.update(routing)
-    _put_unless(options, "serializer", publish_kwargs.get("serializer") or "json", "json")
-    _put_unless(options, "compression", publish_kwargs.get("compression"), None)
-    _put_unless(options, "delivery_mode", publish_kwargs.get("delivery_mode"), 2)
+    options.update(_encoding(publish_kwargs))
     if relative:
         options["relative"] = dict(relative)
     if sent_event:
@@ -198,9 +196,21 @@ def options_text(
     return text if declare is None else f'{text[:-1]}, "declare": {declare}}}'
 
 
-def _put_unless(options: dict[str, Any], key: str, value: Any, default: Any) -> None:
-    if not same(value, default):
-        options[key] = value
+def _encoding(publish_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Serializer, compression and delivery mode, those not at their default."""
+    found = {
+        "serializer": publish_kwargs.get("serializer") or "json",
+        "compression": publish_kwargs.get("compression"),
+        "delivery_mode": publish_kwargs.get("delivery_mode"),
+    }
+    return {key: value for key, value in found.items() if not same(value, _ENCODING[key])}
+
+
+_ENCODING: dict[str, Any] = {
+    "serializer": "json",
+    "compression": None,
+    "delivery_mode": DEFAULT_DELIVERY_MODE,
+}
 
 
 def build_row(
