@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import celery
+from celery import signals as celery_signals
 from celery.result import AsyncResult
+from django.core import checks as django_checks
 
 from outbox_notify import (
     batching,
@@ -18,10 +20,13 @@ from outbox_notify import (
     context,
     held,
     instrumentation,
+    observability,
     serialization,
     templates,
+    transport,
     writeconf,
 )
+from outbox_notify.checks import check_app_installed
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.rows import insert_row
 
@@ -34,6 +39,11 @@ SENT_EVENT_ROUTING_KEY = "task.sent"
 
 # Every OutboxCelery alive in this process, for the start-up check of their configuration.
 instances: weakref.WeakSet[OutboxCelery] = weakref.WeakSet()
+
+# A worker would log outbox_notify's info events as WARNING lines (observability.py says why).
+celery_signals.celeryd_after_setup.connect(
+    observability.route_worker_logs, weak=False, dispatch_uid="outbox_notify.route_worker_logs"
+)
 
 
 class _NoConnection:
@@ -80,6 +90,8 @@ class OutboxCelery(celery.Celery):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         instances.add(self)
+        # Registered here, not in ready(): ready() never runs when the app is not installed.
+        django_checks.register(check_app_installed)
 
     def _get_backend(self) -> Any:
         backend = super()._get_backend()  # type: ignore[misc]
@@ -121,15 +133,13 @@ class OutboxCelery(celery.Celery):
         return batching.for_group(self)
 
     # Celery's keyword arguments all pass through **options to Celery's own send_task.
+    @transport.explained
     def send_task(  # type: ignore[override]
         self, name: str, args: Any = None, kwargs: Any = None, **options: Any
     ) -> AsyncResult[Any]:
         settings = writeconf.current()
         if name in settings.exclude_tasks:
-            for key in ("producer", "publisher"):
-                if isinstance(options.get(key), batching.GroupProducer):
-                    del options[key]
-            return super().send_task(name, args, kwargs, **options)
+            return self._send_past_outbox(name, args, kwargs, options)
         wrapper = instrumentation.send_task_wrapper()
         if wrapper is instrumentation.UNKNOWN or not instrumentation.plain_super_send_task(self):
             # Something wraps Celery's send_task that the template path cannot stand in for.
@@ -146,6 +156,22 @@ class OutboxCelery(celery.Celery):
             insert_row(made.row, settings.alias, self)
         result: AsyncResult[Any] = made.result
         return result
+
+    def _send_past_outbox(
+        self, name: str, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> AsyncResult[Any]:
+        """Celery's own send_task for a task in OUTBOX_NOTIFY_EXCLUDE_TASKS: published now."""
+        for key in ("producer", "publisher"):
+            if isinstance(options.get(key), batching.GroupProducer):
+                del options[key]
+        if any(options.get(key) is not None for key in _BROKER_ARGS):
+            return super().send_task(name, args, kwargs, **options)
+        # Given no producer, Celery's send_task asks self.producer_or_acquire() for one, and
+        # ours hands out the group collector, which cannot publish: take one from the pool.
+        for key in _BROKER_ARGS:
+            options.pop(key, None)
+        with super().producer_or_acquire() as producer:
+            return super().send_task(name, args, kwargs, producer=producer, **options)
 
     def record(
         self,
@@ -195,7 +221,7 @@ class OutboxCelery(celery.Celery):
             ),
             sent_event=recorder.sent_event,
             hold_until=held.hold_until(
-                publish_kwargs.get("headers") or {}, settings.hold_eta_after, self
+                publish_kwargs.get("headers") or {}, settings.hold_eta_after
             ),
         )
         serialization.validate_row(row)

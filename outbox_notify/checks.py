@@ -9,14 +9,20 @@ Check ids are stable and documented in docs/reference.md:
 - outbox_notify.E005  OUTBOX_NOTIFY_CELERY_APP is not an OutboxCelery
 - outbox_notify.E006  tasks sent in this process would go through an app that is not an
                       OutboxCelery, past the outbox
-- outbox_notify.W001  the outbox tables are missing (migrations not applied, or tables dropped)
+- outbox_notify.E007  an OutboxCelery's broker transport is unknown to kombu or cannot be loaded
+- outbox_notify.E008  an OutboxCelery exists but outbox_notify is not in INSTALLED_APPS
+- outbox_notify.E009  the outbox database cannot be reached (database check)
+- outbox_notify.W001  the outbox tables are gone although their migrations are recorded
 - outbox_notify.W002  the wake-up trigger is missing or disabled
 - outbox_notify.W003  an OUTBOX_NOTIFY_* setting outbox-notify does not know (a typo)
+- outbox_notify.W004  the outbox tables do not exist: the database was never migrated
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +30,7 @@ from typing import Any
 from django.core import checks
 from django.db import DatabaseError, connections
 
-from outbox_notify import conf, sql, wiring
+from outbox_notify import conf, sql, transport, wiring
 from outbox_notify.exceptions import ConfigurationError
 
 MIN_PSYCOPG = (3, 2, 10)
@@ -46,6 +52,7 @@ def register() -> None:
     """Register every outbox check with Django's check framework."""
     checks.register(check_settings)
     checks.register(check_task_app)
+    checks.register(check_broker)
     checks.register(check_database_vendor, checks.Tags.database)
     checks.register(check_schema, checks.Tags.database)
     from outbox_notify.app import check_task_protocol  # the write side's own check (E010)
@@ -147,6 +154,59 @@ def _bypass_error(app: Any, where: str) -> checks.CheckMessage:
     )
 
 
+def _outbox_apps() -> list[Any]:
+    """Every OutboxCelery alive in this process, and the one OUTBOX_NOTIFY_CELERY_APP names."""
+    from outbox_notify.app import instances
+
+    apps = set(instances)
+    with contextlib.suppress(ConfigurationError):  # E003/E004 report a bad setting
+        if conf.celery_app_path():
+            configured = conf.celery_app()
+            if wiring.is_outbox_app(configured):
+                apps.add(configured)
+    return sorted(apps, key=lambda app: str(app.main))
+
+
+def check_broker(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E007 for each OutboxCelery whose broker transport kombu cannot load (no connection)."""
+    messages: list[checks.CheckMessage] = []
+    for app in _outbox_apps():
+        found = transport.problem(app)
+        if found is not None:
+            messages.append(
+                checks.Error(found, obj=f"Celery app {app.main!r}", id="outbox_notify.E007")
+            )
+    return messages
+
+
+def check_app_installed(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E008 when an OutboxCelery exists but outbox_notify is not an installed Django app.
+
+    Registered by OutboxCelery itself: without the app, ready() never registers anything.
+    """
+    from django.apps import apps
+
+    from outbox_notify.app import instances
+
+    names = sorted(str(app.main) for app in instances)
+    if not names or apps.is_installed("outbox_notify"):
+        return []
+    return [
+        checks.Error(
+            f"'outbox_notify' is missing, but OutboxCelery {', '.join(map(repr, names))} writes "
+            "tasks to the outbox: no migration creates the outbox tables and the relay commands "
+            "do not exist",
+            hint="add 'outbox_notify' to INSTALLED_APPS, then run: python manage.py migrate",
+            obj="INSTALLED_APPS",
+            id="outbox_notify.E008",
+        )
+    ]
+
+
 def _check_psycopg() -> list[checks.CheckMessage]:
     try:
         import psycopg
@@ -205,17 +265,25 @@ def check_schema(
     if databases is None or connection.alias not in databases:
         return []
     try:
+        connection.ensure_connection()
+    except DatabaseError as exc:
+        return [_unreachable(connection.alias, exc, connecting=True)]
+    try:
         with connection.cursor() as cursor:
             found = _schema_state(cursor)
-    except DatabaseError:
-        return []  # an unreachable database is reported by Django itself
+    except DatabaseError as exc:
+        return [_unreachable(connection.alias, exc, connecting=False)]
+    return _schema_messages(connection.alias, found)
+
+
+def _schema_messages(alias: str, found: dict[str, Any]) -> list[checks.CheckMessage]:
     if not found["table"]:
-        # Not migrated yet: Django itself reports unapplied migrations (runserver, migrate
-        # --check), and `migrate` runs the checks before migrating, so a warning here would
-        # only be stale noise on every first migrate.
-        return [_missing_table(connection.alias, found)] if found["migrated"] else []
+        if found["migrated"]:
+            return [_missing_table(alias, found)]
+        # `migrate` runs these checks before it migrates: there, not migrated yet is expected.
+        return [] if _inside_migrate() else [_not_migrated(alias)]
     if found["trigger"] not in TRIGGER_FIRES:
-        return [_trigger_not_firing(connection.alias, found)]
+        return [_trigger_not_firing(alias, found)]
     return []
 
 
@@ -244,6 +312,44 @@ def _schema_state(cursor: Any) -> dict[str, Any]:
 
 def _database_flag(alias: str) -> str:
     return "" if alias == "default" else f" --database {alias}"
+
+
+def _unreachable(alias: str, exc: DatabaseError, *, connecting: bool) -> checks.CheckMessage:
+    what = "PostgreSQL cannot be reached" if connecting else "its schema could not be inspected"
+    return checks.Error(
+        f"{what}: {' '.join(str(exc).split())}",
+        hint="start the server, or correct its HOST, PORT, NAME, USER or PASSWORD"
+        if connecting
+        else None,
+        obj=f"DATABASES[{alias!r}]",
+        id="outbox_notify.E009",
+    )
+
+
+def _inside_migrate() -> bool:
+    """Whether Django's `migrate` command (or a subclass) is running these checks.
+
+    `migrate` runs the database checks on the database it is about to migrate, and no
+    argument of the check says so: the command is found on the call stack instead.
+    """
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = inspect.currentframe()
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _not_migrated(alias: str) -> checks.CheckMessage:
+    return checks.Warning(
+        "the outbox tables do not exist (the database was never migrated): every task sent "
+        "through the outbox fails when its row is written",
+        hint=f"run: python manage.py migrate{_database_flag(alias)}",
+        obj=f"DATABASES[{alias!r}]",
+        id="outbox_notify.W004",
+    )
 
 
 def _missing_table(alias: str, found: dict[str, Any]) -> checks.CheckMessage:

@@ -11,20 +11,26 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from django.db import connections, transaction
 
-from outbox_notify import conf
+from outbox_notify import conf, serialization
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.stats import Cursor, queries
 
 log = structlog.get_logger("outbox_notify")
 
 CHUNK_SIZE = 5_000  # rows per transaction for purge and requeue
+
+Progress = Callable[[int], None]  # told the running total after each chunk
+
+
+def _silent(done: int) -> None:
+    """No progress to show."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,6 +122,7 @@ def purge(
     dry_run: bool = False,
     chunk_size: int = CHUNK_SIZE,
     using: str | None = None,
+    progress: Progress = _silent,
 ) -> PurgeResult:
     """Delete dead letters older than N days (default: the retention setting), chunk by chunk."""
     days = conf.dead_letter_retention_days() if older_than_days is None else older_than_days
@@ -132,21 +139,21 @@ def purge(
     while True:
         count = _purge_chunk(alias, cutoff, chunk_size)
         deleted, chunks = deleted + count, chunks + (count > 0)
+        progress(deleted)
         if count < chunk_size:
             break
     log.info("outbox.dead_letters_purged", deleted=deleted, chunks=chunks, older_than_days=days)
     return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
 
 
-def _moment(value: Any, now: datetime) -> datetime | None:
-    """A stored ISO time as an aware datetime (naive ones are UTC), None when unreadable."""
+def _moment(value: Any) -> datetime | None:
+    """A stored ISO time as the worker reads it (naive ones are UTC), None when unreadable."""
     if not isinstance(value, str):
         return None
     try:
-        moment = datetime.fromisoformat(value)
+        return serialization.header_time(value)
     except ValueError:
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=now.tzinfo)
 
 
 def _shift(headers: dict[str, Any], relative: Mapping[str, Any], now: datetime) -> bool:
@@ -178,7 +185,7 @@ def rebase_options(text: str, now: datetime) -> Rebased:
     changed = _shift(headers, relative, now)
     if changed:
         options["headers"] = headers
-    expires = _moment(headers.get("expires"), now)
+    expires = _moment(headers.get("expires"))
     return Rebased(
         options=json.dumps(options) if changed else text,
         already_expired=expires is not None and expires <= now,
@@ -219,6 +226,7 @@ def requeue(
     dry_run: bool = False,
     chunk_size: int = CHUNK_SIZE,
     using: str | None = None,
+    progress: Progress = _silent,
 ) -> RequeueResult:
     """Move the selected dead letters back to the outbox: retries 0, created now, times re-based."""
     if chunk_size < 1:
@@ -232,6 +240,7 @@ def requeue(
             break
         by_task.update(name for _, name in rows)
         moved, expired, after = moved + count, expired + chunk_expired, rows[-1][0]
+        progress(moved)
     if not dry_run:
         log.info("outbox.dead_letters_requeued", moved=moved, already_expired=expired)
     if expired:

@@ -25,6 +25,16 @@ Rows are written at the call instead when deferring could change what the caller
 outside `atomic()` (autocommit), in a transaction that already failed, while Django logs
 queries (DEBUG, `assertNumQueries`), and for a non-ASCII task id or name.
 
+The hooks are private to Django, so rows wait only under the Django releases the suite ran on
+(relay/gates.py), and only once a probe (`hook_problem`, once per process and connection
+class, no I/O) has seen Django's own `atomic()` commit and roll back through them. Otherwise
+every row is written at the call, and `outbox.deferred_rows_unavailable` says why.
+
+User code that ends the transaction on the psycopg connection itself
+(`connection.connection.commit()` / `.rollback()`) is seen too: the psycopg connection's
+`commit` writes the waiting rows first, so they commit with it, and its `rollback` forgets
+them, as the database does.
+
 A bulk block's full batches are written by a COPY that runs on a writer thread while the
 caller builds the next batch (`start`): PostgreSQL checks and stores one batch while Python
 makes the next. The COPY holds the psycopg connection's lock from before `start` returns
@@ -40,14 +50,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg import pq
 
+from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 
 log = structlog.get_logger("outbox_notify")
 
 MAX_PENDING = 5_000  # rows kept in memory before they are written anyway
+UNDEFINED_TABLE = "42P01"  # SQLSTATE of a missing relation: a database never migrated
 _STATE = "_outbox_notify_deferred"
 _INERROR = pq.TransactionStatus.INERROR
 _RELEASE = "RELEASE SAVEPOINT "
@@ -107,6 +120,7 @@ class Deferred:
         raw = connection.connection
         if (
             raw is None
+            or not available(connection)
             or not connection.in_atomic_block
             or connection.needs_rollback
             or connection.closed_in_transaction
@@ -119,11 +133,42 @@ class Deferred:
         connection.validate_thread_sharing()
         if raw is not self.raw:
             self.rows = []  # rows of a connection closed since: lost with its transaction
-            self.raw = raw
+            self.adopt(raw)
         self.rows.append(row)
         if len(self.rows) >= MAX_PENDING:
             self.flush()
         return True
+
+    def adopt(self, raw: Any) -> None:
+        """Make `raw` the psycopg connection the rows belong to, and see its own commits.
+
+        Code that commits or rolls back on the psycopg connection itself bypasses Django: its
+        `commit` writes the waiting rows first (they commit with it), its `rollback` forgets
+        them (they roll back with it), instead of leaving them for a later transaction.
+        """
+        self.raw = raw
+        hooked = getattr(raw, _STATE, None) is not None
+        # The Deferred the psycopg connection's rows belong to now (a pooled connection passes
+        # from one Django connection to another; its hooks are installed once).
+        setattr(raw, _STATE, self)
+        if hooked:
+            return
+        commit, rollback = raw.commit, raw.rollback
+
+        def raw_commit() -> None:
+            owner: Deferred | None = getattr(raw, _STATE, None)
+            if owner is not None and owner.raw is raw:
+                owner.flush()
+            commit()
+
+        def raw_rollback() -> None:
+            owner: Deferred | None = getattr(raw, _STATE, None)
+            if owner is not None and owner.raw is raw:
+                owner.discard()
+                owner.abandon()
+            rollback()
+
+        raw.commit, raw.rollback = raw_commit, raw_rollback
 
     def flush(self) -> None:
         """Write the rows that wait, now (one round trip), after a COPY still running."""
@@ -146,6 +191,9 @@ class Deferred:
     def start(self, count: int, work: Work) -> None:
         """Run `work` (a COPY of `count` rows) on a thread; return once it holds the connection."""
         self.flush()
+        if self.connection.connection is not self.raw:
+            self.rows = []
+            self.adopt(self.connection.connection)
         self.writing = Background(count, work)
 
     def wait(self) -> None:
@@ -176,6 +224,7 @@ class Deferred:
 
     def _failed(self, exc: BaseException, count: int) -> None:
         exc.add_note(f"outbox-notify: raised while writing {count} deferred outbox rows")
+        explain(exc, self.connection.alias)
         log.error(
             "outbox.deferred_write_failed",
             count=count,
@@ -219,6 +268,20 @@ class Deferred:
         return self.original_close()
 
 
+def explain(exc: BaseException, alias: str) -> None:
+    """Add the fix to the database's error when the outbox table is missing (not migrated)."""
+    # Django's error chains the driver's, which carries the SQLSTATE.
+    if UNDEFINED_TABLE in (
+        getattr(exc, "sqlstate", None),
+        getattr(exc.__cause__, "sqlstate", None),
+    ):
+        flag = "" if alias == "default" else f" --database {alias}"
+        exc.add_note(
+            f"outbox-notify: the outbox tables do not exist on database {alias!r}; create "
+            f"them with `python manage.py migrate{flag}`"
+        )
+
+
 def for_connection(connection: BaseDatabaseWrapper, writer: Writer) -> Deferred:
     """The Deferred of `connection`, hooked in on first use (once per connection object)."""
     state: Deferred | None = connection.__dict__.get(_STATE)
@@ -249,3 +312,106 @@ def flush(connection: BaseDatabaseWrapper) -> None:
 def is_ours(wrapper: Any) -> bool:
     """Whether an execute wrapper is the outbox's (which observes nothing)."""
     return isinstance(wrapper, Deferred)
+
+
+# --- whether the hooks can be trusted ---------------------------------------------------------
+
+_PROBE_ALIAS = "outbox_notify_probe"  # registered for this thread only, during the probe
+_problems: dict[type, str | None] = {}
+_announced: set[str] = set()
+
+
+class _ProbeRaw:
+    """Stands in for the psycopg connection in the probe: answers, records nothing, no I/O."""
+
+    closed = False
+    autocommit = True
+
+    def commit(self) -> None:
+        """Nothing to commit."""
+
+    def rollback(self) -> None:
+        """Nothing to roll back."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class _ProbeRollback(Exception):
+    """Raised inside the probe's second atomic() block to make Django roll it back."""
+
+
+def _probe(connection: BaseDatabaseWrapper) -> str | None:
+    """Run Django's own atomic() commit, rollback and close on a wrapper of this class.
+
+    The wrapper is new, never connected (a stand-in plays psycopg's part), and registered
+    under a private alias for this thread only while the probe runs.
+    """
+    wrapper = type(connection)(connection.settings_dict, alias=_PROBE_ALIAS)
+    wrapper.connection = _ProbeRaw()
+    wrapper.autocommit = True
+    wrapper.health_check_done = True  # type: ignore[attr-defined]  # no SELECT 1 on the stand-in
+    state = for_connection(wrapper, _never_writes)
+    seen: list[str] = []
+    state.original_commit = lambda: seen.append("commit")
+    state.original_rollback = lambda: seen.append("rollback")
+    state.original_close = lambda: seen.append("close")
+    connections[_PROBE_ALIAS] = wrapper
+    try:
+        with transaction.atomic(using=_PROBE_ALIAS):
+            pass
+        try:
+            with transaction.atomic(using=_PROBE_ALIAS):
+                raise _ProbeRollback
+        except _ProbeRollback:
+            pass
+        wrapper.close()
+    finally:
+        del connections[_PROBE_ALIAS]
+    if seen != ["commit", "rollback", "close"]:
+        return (
+            "Django's atomic() did not go through the connection's _commit, _rollback and "
+            f"_close (the probe saw {seen or 'none of them'})"
+        )
+    return None
+
+
+def _never_writes(connection: BaseDatabaseWrapper, rows: Sequence[OutboxRow]) -> None:
+    raise AssertionError("the probe never writes rows")  # pragma: no cover
+
+
+def hook_problem(connection: BaseDatabaseWrapper) -> str | None:
+    """Why rows may not wait on this connection (None: they may); probed once per class."""
+    cls = type(connection)
+    if cls not in _problems:
+        problem = gates.django_problem()
+        if problem is None:
+            try:
+                problem = _probe(connection)
+            except Exception as exc:  # whatever broke, the hooks cannot be trusted
+                problem = f"the probe of Django's commit path raised {type(exc).__name__}: {exc}"
+        _problems[cls] = problem
+    return _problems[cls]
+
+
+def available(connection: BaseDatabaseWrapper) -> bool:
+    """Whether rows may wait on this connection; logs once per process and reason when not."""
+    problem = hook_problem(connection)
+    if problem is None:
+        return True
+    if problem not in _announced:
+        _announced.add(problem)
+        log.warning(
+            "outbox.deferred_rows_unavailable",
+            reason=problem,
+            path="at_call",
+            database=connection.alias,
+        )
+    return False
+
+
+def forget_probes() -> None:
+    """Probe again at the next use (for tests that change what Django does)."""
+    _problems.clear()
+    _announced.clear()
+    gates.django_problem.cache_clear()

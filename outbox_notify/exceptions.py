@@ -37,3 +37,12 @@ class GaugeUnavailable(OutboxNotifyError):
 
 class OnceKeyError(OutboxNotifyError, ValueError):
     """A OnceTask key (or scope) cannot be stored: not a str, empty, too long, or has a NUL."""
+
+
+class MarkedForRollback(OutboxNotifyError):
+    """A OnceTask body or an event handler returned, but its transaction could only roll back.
+
+    It caught a database error (which leaves the transaction aborted or marked for rollback)
+    or called `transaction.set_rollback(True)`: nothing it did, its inbox key included, was
+    committed, so the delivery must not count as done.
+    """

@@ -22,6 +22,7 @@ from billiard.common import TERM_SIGNAME
 from celery.app.control import Control
 from django.db import connections, transaction
 
+from outbox_notify import serialization
 from outbox_notify import sql as sql_files
 
 log = structlog.get_logger("outbox_notify")
@@ -36,33 +37,27 @@ def queries() -> dict[str, str]:
 # -- the write side ------------------------------------------------------------------------
 
 
-def eta_of(value: Any, app: Any) -> dt.datetime | None:
-    """The `eta` header as an aware datetime (a naive one is in the app's timezone, as the
-    worker reads it); None when there is none or it cannot be read (the worker decides then).
+def eta_of(value: Any) -> dt.datetime | None:
+    """The `eta` header as an aware datetime, read as the worker reads it (a naive one is UTC,
+    whatever the app's timezone); None when there is none or it cannot be read.
     """
     if not value:
         return None
     try:
-        moment = dt.datetime.fromisoformat(value) if isinstance(value, str) else value
-    except ValueError:
+        return serialization.header_time(value)
+    except (TypeError, ValueError):
         return None
-    if not isinstance(moment, dt.datetime):
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=app.timezone if app is not None else dt.UTC)
-    return moment
 
 
 def hold_until(
     headers: Mapping[str, Any],
     threshold: float | None,
-    app: Any,
     now: dt.datetime | None = None,
 ) -> dt.datetime | None:
     """The ETA to hold a message until, or None to let the relay publish it at once."""
     if threshold is None or not headers.get("eta"):
         return None
-    eta = eta_of(headers["eta"], app)
+    eta = eta_of(headers["eta"])
     if eta is None:
         return None
     ahead = (eta - (now or dt.datetime.now(dt.UTC))).total_seconds()

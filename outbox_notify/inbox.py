@@ -21,7 +21,7 @@ from psycopg import generators, pq
 from outbox_notify import conf, deferred, rows, stats
 from outbox_notify import sql as sql_files
 from outbox_notify.deadletter import PurgeResult
-from outbox_notify.exceptions import ConfigurationError, OnceKeyError
+from outbox_notify.exceptions import ConfigurationError, MarkedForRollback, OnceKeyError
 from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
@@ -37,19 +37,29 @@ _INTRANS = pq.TransactionStatus.INTRANS
 # but not documented, so a release without it makes record() send the key on its own.
 _EXECUTE = getattr(generators, "execute", None)
 
-__all__ = ["MAX_KEY_LENGTH", "InboxStats", "OnceKey", "PurgeResult", "checked_key"]
+__all__ = [
+    "MAX_KEY_LENGTH",
+    "InboxStats",
+    "OnceKey",
+    "PurgeResult",
+    "checked_key",
+    "require_commit",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class OnceKey:
-    """What a OnceTask delivery records: a key inside a scope.
+    """What a OnceTask delivery (or an event's handling) records: a key inside a scope.
 
     `derived` tells a key made by the task's `once_key` from one that is the task id.
+    `former` is the key an earlier release recorded for the same delivery, if it recorded
+    another: committed, it makes this delivery a duplicate too (record_key_unless_former).
     """
 
     scope: str
     key: str
     derived: bool
+    former: str | None = None
 
 
 class KeyConflict(Exception):
@@ -104,17 +114,40 @@ def record(connection: Any, key: OnceKey, *, task_id: str, task_name: str) -> bo
     in one round trip (`_record_with_begin`); otherwise the insert goes alone.
     """
     params = {"scope": key.scope, "key": key.key, "task_id": task_id, "task_name": task_name}
+    query = queries()["record_key"]
+    if key.former is not None:
+        params["former"] = key.former
+        query = queries()["record_key_unless_former"]
     try:
-        fused = _record_with_begin(connection, params)
+        fused = _record_with_begin(connection, query, params)
         if fused is not None:
             return fused
         with connection.cursor() as cursor:
-            cursor.execute(queries()["record_key"], params)
+            cursor.execute(query, params)
             return bool(cursor.rowcount == 1)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
             raise KeyConflict() from exc
         raise
+
+
+def require_commit(connection: Any, what: str) -> None:
+    """Raise MarkedForRollback when the transaction `what` ran in can only roll back.
+
+    Called inside the atomic() block of a OnceTask delivery or an event's handling, after the
+    body returned. A body that catches a database error (`except IntegrityError: pass`, or an
+    error of a raw cursor, which leaves the transaction aborted) or calls
+    `transaction.set_rollback(True)` returns normally, and atomic() then rolls back without
+    raising (PostgreSQL turns the COMMIT of an aborted transaction into a ROLLBACK): the key
+    and the effects would be gone while the delivery counted as done.
+    """
+    raw = connection.connection
+    aborted = raw is not None and raw.info.transaction_status == pq.TransactionStatus.INERROR
+    if connection.needs_rollback or aborted:
+        raise MarkedForRollback(
+            f"{what} returned but its transaction was marked for rollback (a database error "
+            "caught inside it, or set_rollback(True)); nothing was committed"
+        )
 
 
 def _begin_command(raw: psycopg.Connection[Any]) -> str:
@@ -144,27 +177,64 @@ def _fusable(connection: Any) -> psycopg.Connection[Any] | None:
     Only Django's own psycopg connection and cursors, in a transaction that has sent nothing
     yet, with nothing waiting to be written first, under a psycopg release the suite ran on,
     and where no one watches the statements at Django's level or at psycopg's (an instrumented
-    cursor factory, a proxy around the connection).
+    cursor factory, a proxy around the connection). When it may not, the key goes alone, and
+    `outbox.fused_begin_unavailable` says why (once per process and reason).
     """
-    if _EXECUTE is None or gates.psycopg_problem() is not None or rows.observed(connection):
-        return None
-    rows.prepare(connection)
-    raw = connection.connection
-    if type(raw) is not psycopg.Connection or raw.cursor_factory not in _django_cursors():
-        return None
-    state = deferred.pending(connection)
-    if (
-        raw.autocommit
-        or raw.pgconn.transaction_status != _IDLE
-        or getattr(raw, "_pipeline", None) is not None
-        or raw.info.encoding != "utf-8"
-        or (state is not None and (state.rows or state.writing is not None))
-    ):
-        return None
+    raw, reason = _fusable_or_why(connection)
+    if reason is not None:
+        _fallback(reason)
     return raw
 
 
-def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
+def _fusable_or_why(connection: Any) -> tuple[psycopg.Connection[Any] | None, str | None]:
+    """The psycopg connection and None, or None and why BEGIN may not go with the key."""
+    if _EXECUTE is None:
+        return None, "this psycopg has no generators.execute"
+    problem = gates.psycopg_problem()
+    if problem is None and rows.observed(connection):
+        problem = (
+            "something watches the connection's statements "
+            "(query log, execute wrapper, instrumented cursor)"
+        )
+    if problem is not None:
+        return None, problem
+    rows.prepare(connection)
+    raw = connection.connection
+    problem = _raw_problem(raw) or _waiting_problem(connection)
+    return (None, problem) if problem is not None else (raw, None)
+
+
+def _raw_problem(raw: Any) -> str | None:
+    if type(raw) is not psycopg.Connection or raw.cursor_factory not in _django_cursors():
+        return "the connection or its cursors are not Django's own psycopg ones"
+    if raw.autocommit or raw.pgconn.transaction_status != _IDLE:
+        return "the transaction had sent statements before the key"
+    if getattr(raw, "_pipeline", None) is not None:
+        return "the connection is in pipeline mode"
+    if raw.info.encoding != "utf-8":
+        return f"the connection's encoding is {raw.info.encoding}, not utf-8"
+    return None
+
+
+def _waiting_problem(connection: Any) -> str | None:
+    state = deferred.pending(connection)
+    if state is not None and (state.rows or state.writing is not None):
+        return "outbox rows were waiting to be written first"
+    return None
+
+
+_reported: set[str] = set()
+
+
+def _fallback(reason: str) -> None:
+    """Log, once per process and reason, that the key insert goes without BEGIN."""
+    if reason in _reported:
+        return
+    _reported.add(reason)
+    log.info("outbox.fused_begin_unavailable", reason=reason)
+
+
+def _record_with_begin(connection: Any, query: str, params: dict[str, str]) -> bool | None:
     """`BEGIN; INSERT <key>` as one simple query; None where that cannot be done (`_fusable`).
 
     psycopg sends `BEGIN` before a transaction's first statement and waits for its answer, a
@@ -178,7 +248,7 @@ def _record_with_begin(connection: Any, params: dict[str, str]) -> bool | None:
     if raw is None or execute is None:
         return None
     with connection.wrap_database_errors:
-        insert = psycopg.ClientCursor(raw).mogrify(queries()["record_key"], params)
+        insert = psycopg.ClientCursor(raw).mogrify(query, params)
         command = f"{_begin_command(raw)};\n{insert}".encode()
     with connection.wrap_database_errors, raw.lock:
         raw.pgconn.send_query(command)

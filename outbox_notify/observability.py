@@ -6,6 +6,7 @@ relay/runner.py); the relay core itself imports nothing from here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,34 @@ from outbox_notify import signals
 if TYPE_CHECKING:
     from outbox_notify.relay.reporting import BatchReport
 
-log = structlog.get_logger("outbox_notify")
+LOGGER_NAME = "outbox_notify"
+log = structlog.get_logger(LOGGER_NAME)
+
+
+class WorkerLoggerFactory:
+    """structlog's default logger for every event but outbox_notify's: those go to the standard
+    `logging` logger of that name, at their own level.
+
+    In a Celery worker, structlog's default logger prints to `sys.stdout`, which the worker
+    replaces with a proxy that logs every line at `worker_redirect_stdouts_level` (WARNING):
+    an info event became a WARNING line. Through `logging` it keeps its level, under the
+    worker's `--loglevel` and handlers.
+    """
+
+    def __init__(self) -> None:
+        self.default = structlog.PrintLoggerFactory()
+
+    def __call__(self, *args: Any) -> Any:
+        if args[:1] == (LOGGER_NAME,):
+            return logging.getLogger(LOGGER_NAME)
+        return self.default(*args)
+
+
+def route_worker_logs(**kwargs: Any) -> None:
+    """Celery's `celeryd_after_setup`: send outbox_notify's events to `logging` in a worker,
+    unless the project configured structlog itself (then its configuration decides)."""
+    if not structlog.is_configured():
+        structlog.configure(logger_factory=WorkerLoggerFactory())
 
 
 def has_receivers(signal: Signal) -> bool:

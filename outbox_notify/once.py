@@ -171,7 +171,9 @@ class OnceTask(TaskBase):
         try:
             with transaction.atomic(using=alias):
                 if inbox.record(connection, key, task_id=task_id, task_name=self.name):
-                    return self._run_body(attempt, task_id, args, kwargs)
+                    value = self._run_body(attempt, task_id, args, kwargs)
+                    inbox.require_commit(connection, f"the body of {self.name}")
+                    return value
         except _RetryAfterRollback as deferred:
             attempt.retry = deferred.options
         except inbox.KeyConflict as exc:

@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 import structlog
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
@@ -53,7 +53,11 @@ def insert_row(row: OutboxRow, alias: str, app: Any) -> None:
     if not deferred.for_connection(connection, write_rows).add(row):
         deferred.flush(connection)  # rows enqueued earlier go first
         _warn_outside_transaction(connection, app, row, count=1)
-        _insert_one(connection, row)
+        try:
+            _insert_one(connection, row)
+        except DatabaseError as exc:
+            deferred.explain(exc, alias)
+            raise
     _announce(connection, (row,))
 
 
@@ -71,10 +75,19 @@ def insert_rows(
     connection = connections[alias]
     deferred.flush(connection)  # rows enqueued earlier go first
     _warn_outside_transaction(connection, app, rows[0], count=len(rows))
-    if background and BACKGROUND_COPY and connection.in_atomic_block:
-        _copy_in_background(connection, rows)
+    if (
+        background
+        and BACKGROUND_COPY
+        and connection.in_atomic_block
+        and deferred.available(connection)
+    ):
+        _copy_in_background(connection, rows)  # its errors surface through deferred.py
     else:
-        _copy(connection, rows)
+        try:
+            _copy(connection, rows)
+        except DatabaseError as exc:
+            deferred.explain(exc, alias)
+            raise
     _announce(connection, rows)
 
 

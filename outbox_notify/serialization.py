@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from json import encoder as json_encoder
 from typing import Any
 
@@ -431,12 +431,22 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc
 
 
+def header_time(value: str | datetime) -> datetime:
+    """An `eta` or `expires` header as an aware datetime, meaning what it means to the worker.
+
+    Celery writes a naive datetime given as `eta` or `expires` into the message as it is, and
+    its worker reads a naive header as UTC (`maybe_make_aware`, `naive_as_utc`), whatever the
+    app's `timezone` (Celery 5.3 to 5.7). ValueError or TypeError when it is not a time.
+    """
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if not isinstance(moment, datetime):
+        raise TypeError(f"not a time: {value!r:.80}")
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def expiration_seconds(headers: Mapping[str, Any], now: datetime) -> float | None:
     """Seconds until the message expires, counted at publish time (None when it never does)."""
     expires = headers.get("expires")
     if not expires:
         return None
-    moment = datetime.fromisoformat(expires) if isinstance(expires, str) else expires
-    if moment.tzinfo is None and now.tzinfo is not None:
-        moment = moment.replace(tzinfo=now.tzinfo)
-    return max((moment - now).total_seconds(), 0.0)
+    return max((header_time(expires) - now).total_seconds(), 0.0)

@@ -25,8 +25,9 @@ outbox_message_dead_lettered = Signal()
 # task_id, task_name, scope, key, first_task_id: a OnceTask delivery found its key committed
 # and skipped its body (sent in the worker, after the skip).
 outbox_duplicate_skipped = Signal()
-# event_id, event_type, consumer, scope: an events Consumer found the event id committed in its
-# scope and skipped the handler (sent in the consumer, after the skip).
+# event_id, event_source, event_type, consumer, scope: an events Consumer found the event
+# (its source and id) committed in its scope and skipped the handler (sent in the consumer,
+# after the skip).
 outbox_event_duplicate_skipped = Signal()
 # event_id, event_type (None when the body could not be read), consumer, reason: an events
 # Consumer published a message to its dead-letter exchange (sent before the message is acked).

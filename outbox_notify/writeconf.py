@@ -11,9 +11,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from django.apps import apps
 from django.core.signals import setting_changed
 
 from outbox_notify import conf
+from outbox_notify.exceptions import ConfigurationError
+
+NOT_INSTALLED = (
+    "'outbox_notify' is not in INSTALLED_APPS, so no migration created the outbox tables and "
+    "no relay command exists to publish the task; add it to INSTALLED_APPS, then run "
+    "`python manage.py migrate`"
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,8 +38,13 @@ _current: list[WriteSettings] = []
 
 
 def current() -> WriteSettings:
-    """The write-side settings, read on first use after start-up or a settings change."""
+    """The write-side settings, read on first use after start-up or a settings change.
+
+    Raises ConfigurationError, at the enqueue, while outbox_notify is not an installed app.
+    """
     if not _current:
+        if apps.apps_ready and not apps.is_installed("outbox_notify"):
+            raise ConfigurationError(NOT_INSTALLED)
         _current.append(
             WriteSettings(
                 alias=conf.database_alias(),
@@ -49,7 +62,7 @@ def reset(**kwargs: Any) -> None:
 
 
 def _on_setting_changed(setting: str, **kwargs: Any) -> None:
-    if setting.startswith(conf.PREFIX) or setting == "DATABASES":
+    if setting.startswith(conf.PREFIX) or setting in {"DATABASES", "INSTALLED_APPS"}:
         reset()
 
 

@@ -11,6 +11,17 @@ INSERT INTO outbox_notify_inbox_v1 (scope, key, task_id, task_name)
 VALUES (%(scope)s, %(key)s, %(task_id)s, %(task_name)s)
 ON CONFLICT (scope, key) DO NOTHING;
 
+-- name: record_key_unless_former
+-- record_key for a key that replaced the one an earlier release recorded for the same
+-- delivery (an event's source and id, which was its id alone): no row either when that
+-- former key is committed, so what was handled before an upgrade is still skipped after it.
+INSERT INTO outbox_notify_inbox_v1 (scope, key, task_id, task_name)
+SELECT %(scope)s, %(key)s, %(task_id)s, %(task_name)s
+WHERE NOT EXISTS (
+    SELECT FROM outbox_notify_inbox_v1 WHERE scope = %(scope)s AND key = %(former)s
+)
+ON CONFLICT (scope, key) DO NOTHING;
+
 -- name: key_owner
 -- The delivery that committed a key, for the duplicate's log event and signal.
 SELECT task_id FROM outbox_notify_inbox_v1 WHERE scope = %(scope)s AND key = %(key)s;

@@ -239,3 +239,48 @@ RETURNING id;
 -- name: wake_relays
 -- Rows made due by an update (not an insert) fire no trigger: tell sleeping relays.
 SELECT pg_notify('outbox_notify_v1', '');
+
+-- name: list_pending_page
+-- outbox_list --state pending: outbox rows not held for an ETA (ready now, or waiting for a
+-- retry), oldest first, one page after id %(after)s, through the primary key. Each filter is
+-- off when its parameter is NULL. Filters narrow what matches, not what is read: a page reads
+-- rows in id order until it has %(page)s matches (see docs/reference.md, outbox_list).
+SELECT id, task_id, task_name, schema_version, args::text, kwargs::text, retries,
+       retry_after, last_error, created_at
+FROM outbox_notify_message_v1
+WHERE id > %(after)s
+  AND (retry_after IS NULL OR retries > 0 OR last_error IS NOT NULL)
+  AND (%(task_name)s::text IS NULL OR task_name = %(task_name)s::text)
+  AND (%(cutoff)s::timestamptz IS NULL OR created_at < %(cutoff)s::timestamptz)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+ORDER BY id
+LIMIT %(page)s;
+
+-- name: list_held_page
+-- outbox_list --state held: rows held until their ETA (never tried), the soonest due first,
+-- one page after (%(after_at)s, %(after)s), through the partial retry_after index. A held row
+-- has no error, so an error filter matches none.
+SELECT id, task_id, task_name, schema_version, args::text, kwargs::text, retries,
+       retry_after, last_error, created_at
+FROM outbox_notify_message_v1
+WHERE retry_after IS NOT NULL AND retries = 0 AND last_error IS NULL
+  AND (retry_after, id) > (%(after_at)s::timestamptz, %(after)s)
+  AND (%(task_name)s::text IS NULL OR task_name = %(task_name)s::text)
+  AND (%(cutoff)s::timestamptz IS NULL OR created_at < %(cutoff)s::timestamptz)
+  AND (%(error)s::text IS NULL OR strpos(lower(last_error), lower(%(error)s::text)) > 0)
+ORDER BY retry_after, id
+LIMIT %(page)s;
+
+-- name: list_dead_page
+-- outbox_list --state dead: dead letters, oldest first, one page after id %(after)s, through
+-- the primary key (with --task-name, the planner may take the task_name index instead). The
+-- age is the time since the row died (dead_at); the error is failure_reason.
+SELECT id, task_id, task_name, schema_version, args::text, kwargs::text, retries,
+       dead_at, failure_reason, created_at
+FROM outbox_notify_dead_letter_v1
+WHERE id > %(after)s
+  AND (%(task_name)s::text IS NULL OR task_name = %(task_name)s::text)
+  AND (%(cutoff)s::timestamptz IS NULL OR dead_at < %(cutoff)s::timestamptz)
+  AND (%(error)s::text IS NULL OR strpos(lower(failure_reason), lower(%(error)s::text)) > 0)
+ORDER BY id
+LIMIT %(page)s;

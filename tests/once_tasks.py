@@ -17,6 +17,7 @@ from celery import signals
 from django.db import IntegrityError
 
 from outbox_notify import OnceTask
+from outbox_notify.exceptions import MarkedForRollback
 from tests.celery_app import app, record
 
 PREFIX = "tests.once."
@@ -127,6 +128,56 @@ def commit_fails(self: Any, marker: str, failures: int) -> int:
     write_effect(self, marker)
     if self.request.retries < failures:
         _collide_at_commit()
+    return int(self.request.retries)
+
+
+def _carry_on_after_rollback(how: str) -> None:
+    """Leave the body's transaction unable to commit and carry on, as careless bodies do.
+
+    `orm`: a unique violation through the ORM, caught (Django marks the block for rollback);
+    `raw`: an error of a raw cursor, caught (the transaction is aborted, nothing marked);
+    `set_rollback`: `transaction.set_rollback(True)`.
+    """
+    from django.db import DatabaseError, connection, transaction
+
+    from tests.testapp.models import Effect
+
+    if how == "set_rollback":
+        transaction.set_rollback(True)
+        return
+    try:
+        if how == "orm":
+            first = Effect.objects.order_by("id").first()
+            assert first is not None
+            Effect.objects.create(id=first.id, marker="clash", task_id="", attempt=0)
+        else:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1 / 0")
+    except DatabaseError:
+        pass
+
+
+@app.task(name=PREFIX + "swallow", base=OnceTask, bind=True)
+def swallow(self: Any, marker: str, how: str | None) -> str:
+    """Write an effect, then (unless `how` is None) leave the transaction unable to commit."""
+    write_effect(self, marker)
+    if how is not None:
+        _carry_on_after_rollback(how)
+    return marker
+
+
+@app.task(
+    name=PREFIX + "swallow_retried",
+    base=OnceTask,
+    bind=True,
+    autoretry_for=(MarkedForRollback,),
+    retry_kwargs={"countdown": RETRY_COUNTDOWN, "max_retries": MAX_RETRIES},
+)
+def swallow_retried(self: Any, marker: str, failures: int) -> int:
+    """Write an effect; until `failures` attempts failed, swallow a unique violation."""
+    write_effect(self, marker)
+    if self.request.retries < failures:
+        _carry_on_after_rollback("orm")
     return int(self.request.retries)
 
 

@@ -2,9 +2,9 @@
 
 A `Consumer` names a queue bound to an exchange with routing patterns and maps event types to
 handlers. Each event runs its handler inside `transaction.atomic()` on the outbox database
-together with an inbox record (`outbox_notify_inbox_v1`, the table of OnceTask) of the event id
-in the consumer's own scope, so the handler's database effects commit once per event id and
-consumer, however often the broker delivers the event.
+together with an inbox record (`outbox_notify_inbox_v1`, the table of OnceTask) of the event's
+source and id (`inbox_key`) in the consumer's own scope, so the handler's database effects
+commit once per event and consumer, however often the broker delivers the event.
 
 This module decides what one message body becomes (handled, skipped, undecodable, failed);
 `outbox_notify.events.delivery` talks to the broker: acknowledgements, retries with backoff,
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import structlog
 from django.db import connections, transaction
 from kombu.utils import json as kombu_json
-from psycopg.pq import TransactionStatus
 
 from outbox_notify import conf, inbox, observability, signals
 from outbox_notify.events import envelope as wire
@@ -37,7 +38,7 @@ BACKOFF = 1.0  # seconds before the first retry; doubles with each retry
 MAX_BACKOFF = 60.0  # seconds, the longest wait between two runs
 PREFETCH = 16  # messages the broker hands over unacknowledged (retries waiting included)
 
-__all__ = ["Consumer", "Outcome", "Result", "event_type_of"]
+__all__ = ["Consumer", "Outcome", "Result", "event_type_of", "inbox_key"]
 
 
 def event_type_of(cls: type) -> str:
@@ -51,8 +52,8 @@ def event_type_of(cls: type) -> str:
 class Outcome(enum.Enum):
     """What became of one message."""
 
-    HANDLED = "handled"  # the handler's transaction committed with the event id
-    SKIPPED = "skipped"  # the event id was committed already in this consumer's scope
+    HANDLED = "handled"  # the handler's transaction committed with the event's key
+    SKIPPED = "skipped"  # the event's key was committed already in this consumer's scope
     UNDECODABLE = "undecodable"  # dead-letter at once: the reason says why
     FAILED = "failed"  # the handler (or its transaction) raised; retry or dead-letter
 
@@ -158,7 +159,7 @@ class Consumer:
         return function
 
     def process(self, body: bytes | str) -> Result:
-        """Decode one body and run its handler once per event id; never raises for bad input."""
+        """Decode one body and run its handler once per event; never raises for bad input."""
         try:
             event, registration = self._decode(body)
         except wire.UndecodableEvent as exc:
@@ -185,18 +186,18 @@ class Consumer:
         return event, registration
 
     def _run(self, event: wire.Envelope, registration: Registration) -> Result:
-        """The handler and the inbox record in one transaction; skipped if the id is committed."""
+        """The handler and the inbox record in one transaction; skipped if the key is committed."""
         try:
             argument = _argument(event, registration)
         except wire.UndecodableEvent as exc:
             return _result(Outcome.UNDECODABLE, event, reason=str(exc))
         alias = conf.database_alias()
-        key = inbox.OnceKey(scope=self.scope, key=event.id, derived=False)
+        key = inbox.OnceKey(scope=self.scope, key=inbox_key(event), derived=False, former=event.id)
         try:
             with transaction.atomic(using=alias):
                 if inbox.record(connections[alias], key, task_id=event.id, task_name=event.type):
                     _call(registration, argument, event)
-                    _require_commit(connections[alias])
+                    inbox.require_commit(connections[alias], "the handler")
                     return _result(Outcome.HANDLED, event)
         except inbox.KeyConflict as exc:
             if inbox.owner(connections[alias], key) is None:
@@ -211,16 +212,33 @@ class Consumer:
             "outbox.event_duplicate_skipped",
             consumer=self.name,
             event_id=event.id,
+            event_source=event.source,
             event_type=event.type,
             scope=self.scope,
         )
         observability.send_signal(
             signals.outbox_event_duplicate_skipped,
             event_id=event.id,
+            event_source=event.source,
             event_type=event.type,
             consumer=self.name,
             scope=self.scope,
         )
+
+
+def inbox_key(event: wire.Envelope) -> str:
+    """The inbox key of an event: its source and its id, which CloudEvents makes unique together.
+
+    `["<source>","<id>"]` as ASCII JSON without spaces: readable in the admin, and two
+    different pairs never give the same text. A pair longer than an inbox key may be is keyed
+    by `sha256:` and the hex digest of that text. Committed keys are compared with what this
+    returns for later deliveries: the format must never change. Releases before it keyed an
+    event by its id alone (its `former` key, still honoured when found; docs/events.md).
+    """
+    pair = json.dumps([event.source, event.id], separators=(",", ":"))
+    if len(pair) <= inbox.MAX_KEY_LENGTH:
+        return pair
+    return "sha256:" + hashlib.sha256(pair.encode("ascii")).hexdigest()
 
 
 def _check_settings(consumer: Consumer) -> None:
@@ -271,28 +289,6 @@ def _argument(event: wire.Envelope, registration: Registration) -> Any:
         raise wire.UndecodableEvent(
             f"data of {event.type!r} does not fit {cls.__qualname__}: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-class HandlerRolledBack(Exception):
-    """The handler returned, but its transaction can only roll back (a caught database error)."""
-
-
-def _require_commit(connection: Any) -> None:
-    """Refuse to count a handler as done when its transaction is marked for rollback.
-
-    A handler that catches a database error (`except IntegrityError: pass`, or an error of a
-    raw cursor, which leaves the transaction aborted) or calls `transaction.set_rollback(True)`
-    returns normally, and atomic() then rolls back without raising (PostgreSQL turns the COMMIT
-    of an aborted transaction into a ROLLBACK): the event id and the effects are gone, so the
-    event must not be acknowledged.
-    """
-    raw = connection.connection
-    aborted = raw is not None and raw.info.transaction_status == TransactionStatus.INERROR
-    if connection.needs_rollback or aborted:
-        raise HandlerRolledBack(
-            "the handler returned but its transaction was marked for rollback (a database "
-            "error caught inside it, or set_rollback(True)); nothing was committed"
-        )
 
 
 def _call(registration: Registration, argument: Any, event: wire.Envelope) -> None:

@@ -41,6 +41,7 @@ class RelayConfig:
     breaker_threshold: int = 3  # consecutive outages that open the breaker
     liveness_file: Path | None = None
     poll_only: bool = False
+    log_batches: bool = False  # an info line per committed batch (off: none, not even debug)
     lock_wait: float = 0.05  # seconds a relay queues for the wake lock before draining again
     inflight_recheck: float = 0.5  # seconds: re-check rows another relay holds
     liveness_interval: float = 5.0  # seconds between liveness touches while blocked

@@ -4,6 +4,11 @@ OnceTask's key insert sent with its transaction's BEGIN (outbox_notify/inbox.py)
 transaction behind psycopg's back and relies on psycopg reading the transaction status from
 libpq: it is used only with the psycopg releases the suite ran on (PSYCOPG_TESTED).
 
+Rows deferred to the caller's next statement or COMMIT (outbox_notify/deferred.py) hook into
+Django's private `_commit`, `_rollback` and `_close`: they are deferred only with the Django
+releases the suite ran on (DJANGO_TESTED), and only once a probe has seen Django's own commit
+path call the hooks. Anywhere else the rows are written at the call.
+
 Both fast paths build each message with kombu's own code but send it through internals that
 no release promises to keep (kombu's Redis channel; py-amqp's channel and connection). They
 are used only with the kombu, py-amqp and redis-py releases that tests/integration/
@@ -23,6 +28,7 @@ KOMBU_TESTED = ((5, 3), (5, 7))
 AMQP_TESTED = ((5, 1), (5, 4))
 REDIS_TESTED = ((4, 5), (8, 1))
 PSYCOPG_TESTED = ((3, 2), (3, 3))
+DJANGO_TESTED = ((4, 2), (5, 2))
 
 REDIS_CHANNEL_NEEDS = (
     "_q_for_pri",
@@ -74,6 +80,12 @@ def _missing(obj: Any, names: tuple[str, ...], what: str) -> str | None:
 def psycopg_problem() -> str | None:
     """Why OnceTask may not send its key with BEGIN under this psycopg (None: it may)."""
     return _untested("psycopg", PSYCOPG_TESTED)
+
+
+@functools.cache
+def django_problem() -> str | None:
+    """Why rows may not wait for the caller's COMMIT under this Django (None: they may)."""
+    return _untested("django", DJANGO_TESTED)
 
 
 def redis_problem(channel: Any) -> str | None:

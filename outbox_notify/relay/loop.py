@@ -128,7 +128,9 @@ class Relay:
         self.publisher = publisher
         self.clock = clock or SystemClock()
         self.metrics = metrics or NullMetrics()
-        self.reporters = Reporters([LogReporter(), MetricsReporter(self.metrics), *reporters])
+        self.reporters = Reporters(
+            [LogReporter(per_batch=config.log_batches), MetricsReporter(self.metrics), *reporters]
+        )
         self.policy = OutcomePolicy(config, Backoff(config.backoff_time, config.max_backoff))
         self.breaker = Breaker(config.breaker_threshold, config.broker_outage_cooldown, self.clock)
         self.reconnect_backoff = Backoff(self.RECONNECT_BASE, self.RECONNECT_CAP)

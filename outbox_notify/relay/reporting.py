@@ -59,10 +59,18 @@ class Reporters:
 
 
 class LogReporter:
-    """The relay's log events about a committed batch (every relay has it)."""
+    """The relay's log events about a committed batch (every relay has it).
+
+    A line per batch only when asked for (`--log-batches`): a busy relay commits hundreds of
+    batches a second, and the per-row warnings and errors below are what operators act on.
+    """
+
+    def __init__(self, *, per_batch: bool = False) -> None:
+        self.per_batch = per_batch
 
     def batch_committed(self, report: BatchReport) -> None:
-        """A warning per rescheduled row, an error per dead letter, a debug line per batch."""
+        """A warning per rescheduled row, an error per dead letter, an info line per batch
+        with `per_batch`."""
         decided = report.decided
         for row, retry in decided.retried:
             log.warning(
@@ -80,7 +88,9 @@ class LogReporter:
                 task_name=row.task_name,
                 reason=dead.reason,
             )
-        log.debug(
+        if not self.per_batch:
+            return
+        log.info(
             "outbox.batch_done",
             claimed=report.claimed,
             published=len(decided.published),
@@ -90,6 +100,33 @@ class LogReporter:
             skipped=decided.skipped,
             seconds=round(report.seconds, 6),
         )
+
+
+@dataclasses.dataclass(kw_only=True)
+class Tally:
+    """Counts what committed batches did (outbox_sweep's summary line)."""
+
+    batches: int = 0
+    published: int = 0
+    retried: int = 0
+    dead: int = 0
+    deferred: int = 0
+
+    def batch_committed(self, report: BatchReport) -> None:
+        """Add one batch's outcome to the totals."""
+        decided = report.decided
+        self.batches += 1
+        self.published += len(decided.published)
+        self.retried += len(decided.retried)
+        self.dead += len(decided.dead)
+        self.deferred += decided.outages
+
+    def summary(self) -> str:
+        """One line: what was published, retried, dead-lettered (and put back for an outage)."""
+        line = f"published {self.published}, retried {self.retried}, dead-lettered {self.dead}"
+        if self.deferred:
+            line += f", left for the next run {self.deferred} (broker outage)"
+        return f"{line} ({self.batches} batches)"
 
 
 class MetricsReporter:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from outbox_notify import conf, metrics, observability, queues
+from outbox_notify import conf, metrics, observability, queues, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -44,9 +44,16 @@ def reporters() -> list[Reporter]:
     return [observability.SignalReporter(), observability.SentryReporter()]
 
 
-def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Relay:
+def build_relay(
+    config: RelayConfig,
+    *,
+    listen: bool,
+    wake_fd: int | None,
+    extra_reporters: Sequence[Reporter] = (),
+) -> Relay:
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
+    transport.require(app)  # kombu would raise a bare KeyError or ImportError further down
     queues.use_app(app)  # rows name the queues this app's configuration declares
     params = connection_kwargs(conf.database_alias())
     listener = None
@@ -69,7 +76,7 @@ def build_relay(config: RelayConfig, *, listen: bool, wake_fd: int | None) -> Re
         listener=listener,
         publisher=ChordPublisher(SentEventPublisher(broker, app), app),
         metrics=metrics.from_settings(),
-        reporters=reporters(),
+        reporters=[*reporters(), *extra_reporters],
     )
 
 

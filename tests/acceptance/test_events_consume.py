@@ -9,17 +9,19 @@ dealt with (retried copies excepted).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from outbox_notify.events import envelope as wire
-from outbox_notify.events.consumer import Consumer
+from outbox_notify.events.consumer import Consumer, event_type_of
 from outbox_notify.events.delivery import (
     DEAD_AT,
     DEAD_ATTEMPTS,
@@ -32,8 +34,10 @@ from outbox_notify.events.delivery import (
 )
 from outbox_notify.models import InboxRecord
 from tests import event_consumers
+from tests.command_support import run_command
 from tests.event_consumers import OrderPlaced, runs
 from tests.events_support import (
+    SOURCE,
     dead_letters,
     declare,
     envelope_for,
@@ -157,6 +161,35 @@ def test_each_event_is_handled_once_and_redeliveries_are_skipped(
     assert dead_letters(broker_url, setup.consumer) == []
 
 
+def test_one_id_from_two_sources_is_two_events_and_a_key_from_before_the_upgrade_holds(
+    broker_url: str, make_setup: Any
+) -> None:
+    """order-42 from billing and from shipping: each handled once, redeliveries skipped; an
+    event recorded by its id alone (an earlier release's key) is skipped when redelivered."""
+    setup = make_setup(broker_url)
+    InboxRecord.objects.create(
+        scope=setup.consumer.scope,
+        key="ev-before-upgrade",
+        task_id="ev-before-upgrade",
+        task_name=event_type_of(OrderPlaced),
+    )
+    setup.start()
+    events = [
+        ("/billing", "order-42", "billing"),
+        ("/shipping", "order-42", "shipping"),
+        ("/billing", "order-42", "billing"),
+        (SOURCE, "ev-before-upgrade", "before-upgrade"),
+        ("/shipping", "order-42", "shipping"),
+    ]
+    for source, event_id, marker in events:
+        envelope = envelope_for(OrderPlaced(order_id=42, marker=marker), event_id=event_id)
+        publish_event(broker_url, setup.consumer.exchange, replace(envelope, source=source))
+    setup.sentinel()
+    assert (effects("billing"), effects("shipping"), effects("before-upgrade")) == (1, 1, 0)
+    assert setup.logs().count("outbox.event_duplicate_skipped") == 3
+    assert dead_letters(broker_url, setup.consumer) == []
+
+
 def test_a_handler_that_fails_once_is_retried_and_its_effect_committed_once(
     broker_url: str, make_setup: Any
 ) -> None:
@@ -198,7 +231,7 @@ def test_a_handler_that_keeps_failing_is_dead_lettered_with_its_reason(
     assert dead.content_type == wire.CONTENT_TYPE
     assert len(runs(setup.record, envelope.id)) == event_consumers.MAX_ATTEMPTS
     assert effects("doomed") == 0
-    assert not InboxRecord.objects.filter(key=envelope.id).exists()
+    assert not InboxRecord.objects.filter(task_id=envelope.id).exists()
 
 
 def test_an_undecodable_message_is_dead_lettered_at_once_and_the_consumer_goes_on(
@@ -276,7 +309,7 @@ def test_a_consumer_killed_mid_handler_is_restarted_and_the_effect_applied_once(
     setup.sentinel()
     assert effects("crash") == 1
     assert len(runs(setup.record, envelope.id)) == 2
-    assert InboxRecord.objects.filter(key=envelope.id).count() == 1
+    assert InboxRecord.objects.filter(task_id=envelope.id).count() == 1
 
 
 def test_the_consumer_reconnects_after_a_broker_outage(private_redis: Any, make_setup: Any) -> None:
@@ -401,3 +434,93 @@ def test_start_up_errors_are_one_line(
     assert len(lines) == 1
     assert lines[0].startswith("CommandError: ")
     assert error in lines[0]
+
+
+# -- outbox_consume_dead: list the dead letters, replay them -----------------------------------
+
+
+def _dead_command(setup: Setup, *args: str) -> Any:
+    return run_command(setup.env, "outbox_consume_dead", CONSUMER, *args)
+
+
+def test_dead_letters_are_listed_without_removing_them_and_replayed_by_id(
+    broker_url: str, make_setup: Any
+) -> None:
+    """--list shows each dead letter (id, kind, reason, redacted data) and leaves it queued;
+    --replay --id sends that one back to the consumer, which handles it; the other stays."""
+    setup = make_setup(broker_url)
+    consumer = setup.start()
+    # Fails its 3 attempts, then succeeds on its 4th run: the replay.
+    doomed = setup.publish(
+        OrderPlaced(order_id=7, marker="replayed", fail_runs=event_consumers.MAX_ATTEMPTS)
+    )
+    publish_body(broker_url, setup.consumer.exchange, b"{broken", routing_key="tests.broken")
+    wait_for(
+        lambda: queued(broker_url, setup.consumer.dead_letter_exchange) == 2,
+        timeout=DEADLINE,
+        what="two dead letters",
+        context=setup.logs,
+    )
+    listed = _dead_command(setup, "--list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    by_kind = {d["kind"]: d for d in json.loads(listed.stdout)}
+    assert by_kind["handler-failed"]["event_id"] == doomed.id
+    assert by_kind["handler-failed"]["attempts"] == event_consumers.MAX_ATTEMPTS
+    assert "fails on purpose" in by_kind["handler-failed"]["reason"]
+    assert '"order_id": 7' in by_kind["handler-failed"]["data"]
+    assert by_kind["undecodable"]["event_id"] is None
+    assert by_kind["undecodable"]["data"] == "<not JSON>"
+    assert queued(broker_url, setup.consumer.dead_letter_exchange) == 2  # nothing removed
+    table = _dead_command(setup, "--list")
+    assert doomed.id in table.stdout
+
+    replayed = _dead_command(setup, "--replay", "--id", doomed.id, "missing-id")
+    assert replayed.returncode == 0, replayed.stderr
+    assert replayed.stdout.strip() == f"replayed 1 dead letters to queue '{setup.consumer.queue}'"
+    assert "1 of the given ids were not found: missing-id" in replayed.stderr
+    wait_for(
+        lambda: InboxRecord.objects.filter(key=doomed.id).exists(),
+        timeout=DEADLINE,
+        what="the replayed event handled",
+        context=setup.logs,
+    )
+    assert len(runs(setup.record, doomed.id)) == event_consumers.MAX_ATTEMPTS + 1
+    [left] = dead_letters(broker_url, setup.consumer)
+    assert _as_bytes(left.body) == b"{broken"
+    assert consumer.proc.poll() is None
+
+
+def test_replay_without_ids_sends_back_every_dead_letter(broker_url: str, make_setup: Any) -> None:
+    """--replay alone empties the dead-letter queue into the consumer's queue, headers reset."""
+    setup = make_setup(broker_url)
+    envelopes = [
+        setup.publish(OrderPlaced(order_id=i, marker=f"all-{i}", fail_runs=-1)) for i in (1, 2)
+    ]
+    # No consumer runs: dead-letter them by hand, as the consumer would.
+    taken = queued(broker_url, setup.consumer.queue)
+    assert taken == 2
+    for envelope in envelopes:
+        publish_body(
+            broker_url,
+            setup.consumer.dead_letter_exchange,
+            wire.encode(envelope),
+            routing_key=envelope.type,
+            headers={DEAD_KIND: "handler-failed", DEAD_ATTEMPTS: 3, DEAD_REASON: "boom"},
+        )
+    ran = _dead_command(setup, "--replay")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("replayed 2 dead letters")
+    assert queued(broker_url, setup.consumer.dead_letter_exchange) == 0
+    assert queued(broker_url, setup.consumer.queue) == 4
+
+
+def test_consume_dead_says_in_one_line_when_the_broker_cannot_be_reached(
+    subprocess_env: dict[str, Any],
+) -> None:
+    """An unreachable broker is exit 1 and one line, nothing on stdout."""
+    env = dict(subprocess_env, **unique_names(), OUTBOX_TEST_BROKER_URL="redis://127.0.0.1:1/0")
+    ran = run_command(env, "outbox_consume_dead", CONSUMER, "--list")
+    assert ran.returncode == 1, ran.stderr
+    assert ran.stdout == ""
+    [line] = ran.stderr.splitlines()
+    assert line.startswith("CommandError: the broker cannot be reached"), line

@@ -20,7 +20,15 @@ from celery import states
 from django.db import connections, transaction
 
 from outbox_notify.models import InboxRecord
-from tests.once_tasks import autoretrying, confirm_order, effect, late, retrying
+from tests.once_tasks import (
+    autoretrying,
+    confirm_order,
+    effect,
+    late,
+    retrying,
+    swallow,
+    swallow_retried,
+)
 from tests.relay_support import wait_for
 from tests.testapp.models import Effect
 
@@ -111,7 +119,10 @@ def test_the_same_task_id_delivered_twice_has_one_effect(
     done = wait_finished(paths, task_id, 2)
     assert [r["state"] for r in done] == [states.SUCCESS, states.IGNORED]
     assert effect_markers() == ["twice"]
-    assert "outbox.duplicate_skipped" in worker_log(tmp_path)
+    # An info event is an INFO line of the worker's log (structlog's default logger would
+    # print it to the stdout Celery redirects at WARNING).
+    [line] = [x for x in worker_log(tmp_path).splitlines() if "outbox.duplicate_skipped" in x]
+    assert ": INFO/" in line, line
 
 
 @pytest.mark.parametrize("task", [retrying, autoretrying], ids=["self.retry", "autoretry_for"])
@@ -146,6 +157,32 @@ def test_a_raising_body_leaves_no_key_and_no_effect(
     assert not InboxRecord.objects.filter(task_id=result.id).exists()
     # The body's record.delay() was rolled back too: the worker never saw tests.record.
     assert [r["name"] for r in records(*paths)] == ["tests.once.effect", "tests.once.effect"]
+
+
+def test_a_body_that_returns_with_its_transaction_marked_for_rollback_fails_visibly(
+    start_relay: Any, start_worker: Any, queue_name: str, tmp_path: Path
+) -> None:
+    """A caught database error or set_rollback(True) ends FAILURE (or retried), never SUCCESS
+    with nothing committed: no effect and no key, so a redelivery would run the body again."""
+    start_relay(*FAST)
+    paths = (start_worker(queue_name),)
+    with transaction.atomic():
+        lost = [
+            swallow.apply_async((how, how), queue=queue_name)
+            for how in ("orm", "raw", "set_rollback")
+        ]
+        retried = swallow_retried.apply_async(("retried", 1), queue=queue_name)
+    for result in lost:
+        [done] = wait_finished(paths, result.id, 1)
+        assert done["state"] == states.FAILURE
+    done = wait_finished(paths, retried.id, 2, until=states.SUCCESS)
+    assert [r["state"] for r in done] == [states.RETRY, states.SUCCESS]
+    assert list(Effect.objects.values_list("marker", "attempt")) == [("retried", 1)]
+    assert list(InboxRecord.objects.values_list("task_id", flat=True)) == [retried.id]
+    assert (
+        worker_log(tmp_path).count("MarkedForRollback: the body of tests.once.swallow returned")
+        == 3
+    )
 
 
 def test_one_business_key_from_two_task_ids_has_one_effect(

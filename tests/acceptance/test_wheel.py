@@ -1,27 +1,39 @@
-"""The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying.
+"""The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying;
+with each extra alone, its relay and a Celery worker deliver a task through that extra's broker.
 The sdist carries what its own test suite needs: unpacked, the suite collects and runs there.
 
-Slow (about 20 s each: a build, a venv, a pip install or a test run), and deliberately part of
-the normal suite: these are the only tests that see the package as users and packagers get it,
-without the checkout.
+Slow (the wheel is built once; each venv is a pip install of about 10-30 s, two at a time; each
+delivery starts Django five times), and deliberately part of the normal suite: these are the
+only tests that see the package as users and packagers get it, without the checkout.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import importlib.metadata
+import json
 import os
+import socket
 import subprocess
 import sys
 import tarfile
 import textwrap
 import uuid
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import kombu
 import psycopg
 import pytest
 from psycopg import sql as pgsql
+
+from devtools.process import stop_process
+from tests.acceptance import wheel_project
+from tests.acceptance.wheel_project import clean_env
+from tests.relay_support import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 SQL_FILES = (
@@ -41,26 +53,10 @@ INSERT = (
     "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options, schema_version)"
     " VALUES ('wheel', 't', '[]', '{}', '{}', 1)"
 )
+# The extra test_wheel_installs_migrates_and_notifies installs (a wheel for libpq, as in CI).
+WHEEL_TEST_EXTRA = "binary"
 STEP_TIMEOUT = 300.0  # seconds; each step takes a few, unless the package index is slow
 NOTIFY_TIMEOUT = 10.0  # seconds; a generous deadline for one notification
-
-SETTINGS = """\
-SECRET_KEY = "wheel-test"
-USE_TZ = True
-DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-INSTALLED_APPS = ["django.contrib.contenttypes", "outbox_notify"]
-OUTBOX_NOTIFY_CELERY_APP = "wheelproj_celery.app"
-DATABASES = {{
-    "default": {{
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": {name!r},
-        "USER": {user!r},
-        "PASSWORD": {password!r},
-        "HOST": {host!r},
-        "PORT": {port!r},
-    }}
-}}
-"""
 
 # Run in the venv after migrate: where the package and its SQL come from, and what they hold.
 PROBE = textwrap.dedent(
@@ -113,61 +109,96 @@ def wheel_database(pg_server_url: str) -> Iterator[str]:
             )
 
 
-def _build_wheel(out: Path) -> Path:
-    _run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)], cwd=out.parent
-    )
-    (wheel,) = out.glob("outbox_notify-*.whl")
-    return wheel
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built once from the checkout, shared by every venv of this module."""
+    out = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(REPO)], cwd=out)
+    (built,) = out.glob("outbox_notify-*.whl")
+    return built
 
 
-def _install_into_fresh_venv(wheel: Path, venv: Path) -> Path:
-    """Create a venv from this interpreter and pip install the wheel; return its python."""
-    _run([sys.executable, "-m", "venv", str(venv)], cwd=venv.parent, env=_clean_env())
+def _pins(folder: Path) -> Path:
+    """Constraints pinning the releases this interpreter runs (the session's: oldest or newest).
+
+    The fresh venvs then test the same releases as the rest of the session, and pip finds
+    them in its cache. Only the matrix is pinned; everything else resolves as for a user.
+    """
+    names = [
+        line.split("==")[0]
+        for line in (REPO / "constraints" / "newest.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    ]
+    pins = []
+    for name in names:
+        try:
+            pins.append(f"{name}=={importlib.metadata.version(name)}\n")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    path = folder / "pins.txt"
+    path.write_text("".join(pins))
+    return path
+
+
+def _fresh_venv(folder: Path, wheel: Path, extra: str, pins: Path) -> Path:
+    """A venv holding the wheel with `extra` alone; its python.
+
+    Made from this interpreter without pip of its own: this environment's pip installs into
+    it (`pip --python`), reusing pip's cache, and nothing of the checkout or of this venv is
+    on its path. Bytecode is compiled on import, for the modules the test runs only.
+    """
+    venv = folder / extra
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], folder, clean_env())
     python = venv / "bin" / "python"
-    _run(
-        [str(python), "-m", "pip", "install", "--quiet", str(wheel), "psycopg[binary]"],
-        cwd=venv.parent,
-        env=_clean_env(),
-    )
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet"]
+    _run([*pip, "--no-compile", "-c", str(pins), f"{wheel}[{extra}]"], folder, clean_env())
     return python
 
 
-def _write_project(project: Path, server_url: str, dbname: str) -> None:
-    parts = psycopg.conninfo.conninfo_to_dict(server_url)
-    project.mkdir()
-    # Every project that installs outbox_notify names its OutboxCelery (check E006 otherwise).
-    (project / "wheelproj_celery.py").write_text(
-        "from outbox_notify import OutboxCelery\n\napp = OutboxCelery('wheelproj')\n"
-    )
-    (project / "wheelproj_settings.py").write_text(
-        SETTINGS.format(
-            name=dbname,
-            user=str(parts.get("user") or "postgres"),
-            password=str(parts.get("password") or ""),
-            host=str(parts.get("host") or "127.0.0.1"),
-            port=str(parts.get("port") or "5432"),
-        )
-    )
+def _extras_wanted(request: pytest.FixtureRequest) -> list[str]:
+    """The extras the selected tests of this module install, in the order they run."""
+    wanted = []
+    for item in request.session.items:
+        ours = getattr(item, "module", None) is request.module
+        if not ours or "venv_with" not in getattr(item, "fixturenames", ()):
+            continue
+        callspec = getattr(item, "callspec", None)
+        extra = callspec.params.get("extra") if callspec else WHEEL_TEST_EXTRA
+        if extra and extra not in wanted:
+            wanted.append(extra)
+    return wanted
 
 
-def _clean_env() -> dict[str, str]:
-    """This environment without anything that could lead Python to the checkout or its venv."""
-    return {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"}
-        and not key.startswith(("DJANGO_", "OUTBOX_"))
-    }
+@pytest.fixture(scope="module")
+def venv_with(
+    wheel: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Callable[[str], Path]]:
+    """venv_with(extra): the python of a fresh venv holding the wheel with that extra alone.
+
+    Every venv the selected tests need is installed up front, two at a time, while the first
+    tests run: most of an install is waiting for the disk.
+    """
+    folder = tmp_path_factory.mktemp("venvs")
+    pins = _pins(folder)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        made = {
+            extra: pool.submit(_fresh_venv, folder, wheel, extra, pins)
+            for extra in _extras_wanted(request)
+        }
+        yield lambda extra: made[extra].result()
+
+
+@pytest.fixture
+def project(tmp_path: Path, pg_server_url: str, wheel_database: str) -> Path:
+    """The throwaway project (tests/acceptance/wheel_project.py) on its own empty database."""
+    folder = tmp_path / "project"
+    wheel_project.write(folder, pg_server_url, wheel_database)
+    return folder
 
 
 def _project_env(project: Path) -> dict[str, str]:
-    """A clean environment that finds only the throwaway project's settings module."""
-    return {
-        **_clean_env(),
-        "DJANGO_SETTINGS_MODULE": "wheelproj_settings",
-        "PYTHONPATH": str(project),
-    }
+    """A clean environment in which `manage.py` and `celery -A wheelproj` find the project."""
+    return {**clean_env(), "DJANGO_SETTINGS_MODULE": "wheelproj.settings"}
 
 
 def _assert_trigger_notifies(server_url: str, dbname: str) -> None:
@@ -181,27 +212,29 @@ def _assert_trigger_notifies(server_url: str, dbname: str) -> None:
 
 
 def test_wheel_installs_migrates_and_notifies(
-    tmp_path: Path, pg_server_url: str, wheel_database: str
+    wheel: Path,
+    venv_with: Callable[[str], Path],
+    project: Path,
+    pg_server_url: str,
+    wheel_database: str,
 ) -> None:
     """The built wheel carries sql/, and in a fresh venv `migrate` installs a working trigger."""
-    wheel = _build_wheel(tmp_path / "dist")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert {f"outbox_notify/sql/{name}" for name in SQL_FILES} <= names
     assert "outbox_notify/py.typed" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)  # MIT
 
-    python = _install_into_fresh_venv(wheel, tmp_path / "venv")
-    _write_project(tmp_path / "project", pg_server_url, wheel_database)
-    env = _project_env(tmp_path / "project")
-    _run([str(python), "-m", "django", "migrate", "--no-input"], cwd=tmp_path, env=env)
+    python = venv_with(WHEEL_TEST_EXTRA)
+    env = _project_env(project)
+    _run([str(python), "manage.py", "migrate", "--no-input"], cwd=project, env=env)
     _run(
-        [str(python), "-m", "django", "check", "--database", "default", "--fail-level", "WARNING"],
-        cwd=tmp_path,
+        [str(python), "manage.py", "check", "--database", "default", "--fail-level", "WARNING"],
+        cwd=project,
         env=env,
     )
-    module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=tmp_path, env=env).split()
-    assert Path(module_file).is_relative_to(tmp_path / "venv")
+    module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=project, env=env).split()
+    assert Path(module_file).is_relative_to(python.parent.parent)
     assert tables == "3"
     assert {"claim_batch", "insert_message"} <= set(queries.split(","))
 
@@ -214,6 +247,158 @@ def test_wheel_installs_migrates_and_notifies(
         ).fetchone()
     assert found == (True, True, True, "O")
     _assert_trigger_notifies(pg_server_url, wheel_database)
+
+
+# -- each extra alone: a relay and a worker from the venv deliver a task ---------------------
+
+# What each extra must bring into the venv (PROBE_EXTRAS prints what is there).
+EXTRA_BRINGS = {
+    "binary": "psycopg_binary",
+    "fast": "orjson",
+    "redis": "redis",
+    "sentry": "sentry_sdk",
+    "datadog": "datadog",
+}
+PROBE_EXTRAS = textwrap.dedent(
+    """
+    import importlib.util
+    import psycopg
+    names = ("psycopg_binary", "orjson", "redis", "sentry_sdk", "datadog")
+    print(" ".join(name for name in names if importlib.util.find_spec(name)))
+    print(psycopg.pq.__impl__)
+    """
+)
+# Sentry's client needs a DSN to be active; nothing listens on the discard port, so what it
+# would send is dropped (and never leaves the machine).
+SENTRY_DSN = "http://public@127.0.0.1:9/1"
+EXTRAS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    *(
+        pytest.param(extra, marks=pytest.mark.rabbitmq)
+        for extra in EXTRA_BRINGS
+        if extra != "redis"
+    ),
+]
+
+
+class Process:
+    """A process started from the venv, its output in a log file; stopped by stop()."""
+
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("wb") as output:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=output, stderr=output)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        """SIGTERM, then the exit status (SIGKILL after a grace period)."""
+        stop_process(self.proc, timeout=30)
+        return self.proc.returncode
+
+
+def _executions(record_file: Path) -> list[dict[str, Any]]:
+    if not record_file.exists():
+        return []
+    return [json.loads(line) for line in record_file.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def _statsd_listener() -> Iterator[socket.socket]:
+    """A UDP socket on a free local port, standing in for a StatsD server."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.settimeout(NOTIFY_TIMEOUT)
+        yield sock
+
+
+def _delete_queue(broker_url: str, queue: str) -> None:
+    with kombu.Connection(broker_url) as connection:
+        channel: Any = connection.default_channel
+        channel.queue_delete(queue)
+        if not broker_url.startswith("redis"):
+            channel.exchange_delete(queue)
+
+
+def _extra_env(extra: str, broker_url: str, queue: str, record: Path) -> dict[str, str]:
+    env = {"WHEEL_BROKER_URL": broker_url, "WHEEL_QUEUE": queue, "WHEEL_RECORD_FILE": str(record)}
+    if extra == "sentry":
+        env["WHEEL_SENTRY_DSN"] = SENTRY_DSN
+    return env
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("extra", EXTRAS)
+def test_each_extra_alone_relays_a_task_to_a_worker(
+    extra: str, venv_with: Callable[[str], Path], project: Path, request: pytest.FixtureRequest
+) -> None:
+    """Installed with one extra alone, the wheel's relay and a worker deliver a task end to end
+    (Redis for `redis`, RabbitMQ through py-amqp otherwise), the extra's own code path included."""
+    python = venv_with(extra)
+    broker_url = request.getfixturevalue("redis_url" if extra == "redis" else "amqp_url")
+    queue = f"outbox-wheel-{extra}-{uuid.uuid4().hex[:8]}"
+    record = project.parent / "executions.jsonl"
+    env = {**_project_env(project), **_extra_env(extra, broker_url, queue, record)}
+    present, pq_impl = _run([str(python), "-c", PROBE_EXTRAS], project, env).splitlines()
+    assert EXTRA_BRINGS[extra] in present.split(), present
+    if extra == "binary":
+        assert pq_impl == "binary"
+    with _statsd_listener() as statsd:
+        if extra == "datadog":
+            port = str(statsd.getsockname()[1])
+            env |= {"WHEEL_STATSD_HOST": "127.0.0.1", "WHEEL_STATSD_PORT": port}
+        try:
+            executed = _deliver(python, project, env, record)
+        finally:
+            _delete_queue(broker_url, queue)
+        if extra == "datadog":
+            assert statsd.recv(65536).startswith(b"outbox_notify."), "no metric reached StatsD"
+    assert executed["marker"] == "from-the-wheel"
+    if extra == "sentry":
+        assert executed["sentry_trace"], "the Sentry trace did not travel with the task"
+
+
+def _manage(python: Path, *argv: str) -> list[str]:
+    return [str(python), "manage.py", *argv]
+
+
+def _deliver(python: Path, project: Path, env: dict[str, str], record: Path) -> dict[str, Any]:
+    """Migrate, start a worker and a relay from the venv, enqueue one task (`delay()` in a
+    transaction, from `manage.py shell`); what the worker recorded."""
+    logs = project.parent
+    worker_flags = ["--pool", "solo", "--without-heartbeat", "--without-mingle", "--without-gossip"]
+    worker = Process(
+        [str(python.parent / "celery"), "-A", "wheelproj", "worker", "-Q", env["WHEEL_QUEUE"],
+         *worker_flags, "--loglevel", "INFO"],
+        project,
+        env,
+        logs / "worker.log",
+    )  # fmt: skip
+    relay: Process | None = None
+
+    def context() -> str:
+        relay_log = relay.output() if relay else ""
+        return f"relay:\n{relay_log}\nworker:\n{worker.output()}"
+
+    try:
+        _run(_manage(python, "migrate", "--no-input", "-v", "0"), project, env)
+        relay = Process(_manage(python, "outbox_listen"), project, env, logs / "relay.log")
+        wait_for(lambda: " ready." in worker.output(), what="the worker", context=context)
+        enqueued = _run(_manage(python, "shell", "-c", wheel_project.ENQUEUE), project, env)
+        task_id = enqueued.strip().splitlines()[-1]
+        [executed] = wait_for(
+            lambda: [e for e in _executions(record) if e["id"] == task_id],
+            what="the task to run on the worker",
+            context=context,
+        )
+    finally:
+        relay_status = relay.stop() if relay else None
+        worker.stop()
+    assert relay_status == 0, context()
+    assert "Traceback" not in context(), context()
+    executed_task: dict[str, Any] = executed
+    return executed_task
 
 
 # What the sdist holds at its top level: the package, and all that its tests import or read.

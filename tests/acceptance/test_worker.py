@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import celery
 import pytest
 from celery import chain, chord, group
 from django.db import transaction
+from django.test import override_settings
 from kombu import Exchange
 
+from outbox_notify import OutboxCelery
+from outbox_notify.models import OutboxMessage
 from tests.celery_app import fail, record
 from tests.relay_support import wait_for
 
@@ -102,3 +107,48 @@ def test_worker_runs_every_contract_option(
     assert seen["body"]["args"][0] == ["recorded", "recorded"]
     assert seen["routed"]["id"] == routed.id
     assert seen["routed"]["delivery_info"]["routing_key"] == q
+
+
+@pytest.fixture
+def new_york_senders(relay_env: dict[str, Any]) -> Iterator[tuple[OutboxCelery, celery.Celery]]:
+    """An OutboxCelery and a plain Celery app on the test's Redis, timezone America/New_York."""
+    broker = relay_env["OUTBOX_TEST_BROKER_URL"]
+    apps = (
+        OutboxCelery("worker-new-york", broker=broker, fixups=[], set_as_current=False),
+        celery.Celery("plain-new-york", broker=broker, fixups=[], set_as_current=False),
+    )
+    for each in apps:
+        each.conf.update(timezone="America/New_York", enable_utc=True, task_ignore_result=True)
+    yield apps
+    for each in apps:
+        each.close()
+
+
+@override_settings(OUTBOX_NOTIFY_HOLD_ETA_AFTER=1)
+def test_a_naive_eta_held_in_the_outbox_runs_when_the_worker_reads_it_due(
+    new_york_senders: tuple[OutboxCelery, celery.Celery],
+    start_relay: Any,
+    start_worker: Any,
+    relay_env: dict[str, Any],
+    queue_name: str,
+) -> None:
+    """In an app on New York time, a naive eta a few seconds ahead (UTC, as Celery's worker
+    reads it) is held that long, not 5 hours more, and reaches the worker as plain Celery's."""
+    outbox_app, plain_app = new_york_senders
+    naive = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(seconds=5)
+    options = {"eta": naive, "expires": naive + dt.timedelta(hours=1), "queue": queue_name}
+    with transaction.atomic():
+        through_outbox = outbox_app.send_task("tests.record", ("outbox",), **options)
+    assert OutboxMessage.objects.get().retry_after == naive.replace(tzinfo=dt.UTC)
+    direct = plain_app.send_task("tests.record", ("plain",), **options)
+    env = dict(relay_env, OUTBOX_TEST_TIMEZONE="America/New_York")
+    start_relay(*FAST, env=env)
+    record_file = start_worker(queue_name, env=env)
+    seen = wait_for(
+        lambda: (found := by_marker(record_file)) and {"outbox", "plain"} <= found.keys() and found,
+        what="both executions",
+    )
+    assert seen["outbox"]["id"] == through_outbox.id
+    assert seen["plain"]["id"] == direct.id
+    for key in ("eta", "expires"):
+        assert seen["outbox"][key] == seen["plain"][key]

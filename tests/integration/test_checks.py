@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import shlex
 import sys
 import threading
@@ -388,15 +389,32 @@ def _run_hint_commands(hint: str) -> None:
         call_command(*argv[2:], verbosity=0)
 
 
+NEVER_MIGRATED = (
+    "DROP TABLE outbox_notify_message_v1, outbox_notify_dead_letter_v1, outbox_notify_inbox_v1;"
+    " DROP FUNCTION outbox_notify_wake_v1();"
+    " DELETE FROM django_migrations WHERE app = 'outbox_notify'"
+)
+
+
 @pytest.mark.django_db
-def test_no_w001_before_the_outbox_is_migrated() -> None:
-    """An unmigrated outbox is Django's own notice (unapplied migrations), not a stale W001."""
-    with _schema_changed(
-        "DROP TABLE outbox_notify_message_v1, outbox_notify_dead_letter_v1;"
-        " DROP FUNCTION outbox_notify_wake_v1();"
-        " DELETE FROM django_migrations WHERE app = 'outbox_notify'"
-    ):
+def test_w004_not_w001_before_the_outbox_is_migrated() -> None:
+    """A database never migrated is a W004 whose hint is `migrate`, not W001's repair commands."""
+    with _schema_changed(NEVER_MIGRATED):
+        [warning] = _outbox_messages()
+    assert warning.id == "outbox_notify.W004"
+    assert warning.obj == "DATABASES['default']"
+    assert "never migrated" in warning.msg
+    assert warning.hint == "run: python manage.py migrate"
+
+
+@pytest.mark.django_db
+def test_migrate_itself_does_not_warn_about_the_tables_it_creates() -> None:
+    """`migrate` runs the database checks first; W004 stays quiet there, and the hint works."""
+    stderr = io.StringIO()
+    with _schema_changed(NEVER_MIGRATED):
+        call_command("migrate", "outbox_notify", verbosity=0, stderr=stderr, skip_checks=False)
         assert _outbox_messages() == []
+    assert "W004" not in stderr.getvalue()
 
 
 @pytest.mark.django_db

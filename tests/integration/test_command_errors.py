@@ -28,6 +28,7 @@ COMMANDS = {
     "outbox_purge_dead_letter": (),
     "outbox_requeue_dead_letter": ("--all",),
     "outbox_purge_inbox": (),
+    "outbox_list": (),
     "outbox_consume": ("tests.event_consumers.consumer",),
 }
 NON_FINITE = ["nan", "inf", "-inf", "NaN", "Infinity"]
@@ -72,9 +73,10 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_listen", "--lock-wait") in flags
     assert ("outbox_purge_inbox", "--older-than-days") in flags
     assert ("outbox_consume", "--outage-cooldown") in flags
-    assert (
-        len(flags) == 25
-    )  # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, consume 1
+    assert ("outbox_list", "--older-than") in flags
+    assert ("outbox_list", "--limit") in flags
+    # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, list 2, consume 1
+    assert len(flags) == 27
 
 
 @pytest.mark.parametrize("value", NON_FINITE)
@@ -282,3 +284,32 @@ def test_outbox_stats_works_for_the_documented_operator_grant_not_the_relay_role
     result = _run("outbox_stats", env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("queue_depth")
+
+
+# -- a broker URL whose transport kombu does not have -----------------------------------------
+
+MISTYPED_BROKER = "reddis://127.0.0.1:6379/15"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_mistyped_broker_transport_stops_every_command_in_one_line(
+    command: str, subprocess_env: dict[str, Any]
+) -> None:
+    """`reddis://`: the system check (E007) stops each command with one line naming it."""
+    env = {**subprocess_env, "OUTBOX_TEST_BROKER_URL": MISTYPED_BROKER}
+    line = _one_line(_run(command, env), "(outbox_notify.E007)", "transport 'reddis'")
+    assert line.endswith("did you mean 'redis'?")
+
+
+@pytest.mark.django_db(transaction=True)  # the relays check their tables before the broker
+@pytest.mark.parametrize("command", ["outbox_listen", "outbox_sweep"])
+def test_a_mistyped_broker_transport_is_one_line_past_the_checks(
+    command: str, subprocess_env: dict[str, Any]
+) -> None:
+    """With --skip-checks the relay commands still say it in one line, not kombu's KeyError."""
+    env = {**subprocess_env, "OUTBOX_TEST_BROKER_URL": MISTYPED_BROKER}
+    line = _one_line(_run(command, env, "--skip-checks"))
+    assert line == (
+        "CommandError: Celery app 'tests': the broker URL names transport 'reddis', which kombu "
+        "does not have: did you mean 'redis'?"
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, OutboxMessage
 from outbox_notify.relay.store import connection_kwargs
 from tests.celery_app import add, app
+from tests.command_support import run_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: purge and requeue commit chunk by chunk, and several tests hold row locks
@@ -290,3 +292,55 @@ def test_purge_rejects_a_negative_age() -> None:
     with pytest.raises(CommandError, match="argument --older-than-days: must be at least 0"):
         run("outbox_purge_dead_letter", "--older-than-days", "-1")
     assert DeadLetter.objects.count() == 1
+
+
+# -- what the commands print: stdout the report only, progress only on a terminal -------------
+
+
+def test_purge_prints_only_its_report_on_stdout_and_no_progress_outside_a_terminal(
+    subprocess_env: dict[str, Any],
+) -> None:
+    """Under cron (no TTY) stdout is the one report line; log lines go to stderr, no progress."""
+    for _ in range(5):
+        add_dead_letter(days_ago=3)
+    ran = run_command(
+        subprocess_env, "outbox_purge_dead_letter", "--older-than-days", "1", "--chunk-size", "2"
+    )
+    assert ran.returncode == 0, ran.stderr
+    [line] = ran.stdout.splitlines()
+    assert line.startswith("deleted 5 dead letters that died before "), ran.stdout
+    assert line.endswith("(3 chunks)"), ran.stdout
+    assert "outbox.dead_letters_purged" in ran.stderr
+    assert "\r" not in ran.stderr
+    assert "deleting dead letters" not in ran.stderr
+
+
+def test_requeue_prints_only_its_report_on_stdout(subprocess_env: dict[str, Any]) -> None:
+    """The requeue's stdout is its own report; the log event goes to stderr."""
+    for name in ("tests.add", "tests.add", "tests.other"):
+        add_dead_letter(name)
+    ran = run_command(subprocess_env, "outbox_requeue_dead_letter", "--all")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        "requeued 3 dead letters",
+        "           2  tests.add",
+        "           1  tests.other",
+    ]
+    assert "outbox.dead_letters_requeued" in ran.stderr
+
+
+@pytest.mark.parametrize("command", ["outbox_purge_dead_letter", "outbox_requeue_dead_letter"])
+def test_on_a_terminal_a_long_purge_or_requeue_shows_its_progress_on_stderr(
+    subprocess_env: dict[str, Any], command: str
+) -> None:
+    """stderr on a TTY gets a progress line redrawn in place; stdout keeps the bare report."""
+    for _ in range(4):
+        add_dead_letter(days_ago=3)
+    chosen = ("--older-than-days", "1") if command == "outbox_purge_dead_letter" else ("--all",)
+    ran = run_command(subprocess_env, command, *chosen, "--chunk-size", "1", tty=True)
+    assert ran.returncode == 0, ran.stderr
+    label = "deleting dead letters" if command == "outbox_purge_dead_letter" else "requeueing"
+    assert re.search(rf"\r\x1b\[K{label}[^\r]*: 1\b", ran.stderr), repr(ran.stderr)
+    assert "\r" not in ran.stdout
+    assert label not in ran.stdout
+    assert ran.stdout.split()[0] in {"deleted", "requeued"}

@@ -8,11 +8,14 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import DatabaseError, OperationalError, connection, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.transaction import TransactionManagementError
 from django.test.utils import CaptureQueriesContext
+from structlog.testing import capture_logs
 
 from outbox_notify import bulk, deferred, rows
 from outbox_notify.models import OutboxMessage
+from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 from tests.celery_app import add, app
 
@@ -204,3 +207,88 @@ def test_a_users_execute_wrapper_is_unaffected() -> None:
             assert OutboxMessage.objects.count() == 2
     assert [deferred.is_ours(w) for w in connections["default"].execute_wrappers] == [True]
     assert any("outbox_notify_message_v1" in sql for sql in seen)
+
+
+# -- Django's private hooks: gated, probed, and the psycopg connection's own commits ----------
+
+
+@pytest.fixture
+def reprobe() -> Iterator[None]:
+    """The hooks are probed afresh in this test, and again after it."""
+    deferred.forget_probes()
+    yield
+    deferred.forget_probes()
+
+
+def _commit_bypassing_the_hook(self: BaseDatabaseWrapper) -> None:
+    """A Django whose commit() talks to psycopg directly, never through `_commit`."""
+    self.validate_thread_sharing()
+    self.validate_no_atomic_block()
+    with self.wrap_database_errors:
+        self.connection.commit()
+    self.errors_occurred = False
+    self.run_commit_hooks_on_set_autocommit_on = True
+
+
+def _unavailable(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] == "outbox.deferred_rows_unavailable"]
+
+
+def test_the_probe_sees_this_djangos_commit_path_use_the_hooks(reprobe: None) -> None:
+    """On the Django the suite runs, the probe passes: rows may wait for the COMMIT."""
+    assert deferred.hook_problem(connections["default"]) is None
+
+
+def test_a_django_whose_commit_bypasses_the_hook_gets_rows_written_at_the_call(
+    monkeypatch: pytest.MonkeyPatch, reprobe: None
+) -> None:
+    """The probe catches a commit path without `_commit`: rows go in at the call, none lost."""
+    monkeypatch.setattr(BaseDatabaseWrapper, "commit", _commit_bypassing_the_hook)
+    with capture_logs() as logs:
+        with transaction.atomic():
+            first = add.delay(1, 1)
+            assert raw_count() == 1  # written at the call
+        with transaction.atomic():
+            second = add.delay(2, 2)
+    stored = set(OutboxMessage.objects.values_list("task_id", flat=True))
+    assert stored == {first.id, second.id}
+    [event] = _unavailable(logs)  # once per process and reason, not per call
+    assert "_commit" in event["reason"]
+    assert event["path"] == "at_call"
+    assert event["log_level"] == "warning"
+
+
+def test_outside_the_tested_django_releases_rows_are_written_at_the_call(
+    monkeypatch: pytest.MonkeyPatch, reprobe: None
+) -> None:
+    """A Django release the suite never ran on writes at the call and says why, once."""
+    monkeypatch.setattr(gates, "DJANGO_TESTED", ((1, 0), (1, 11)))
+    with capture_logs() as logs:
+        with transaction.atomic():
+            add.delay(1, 1)
+            assert raw_count() == 1
+        with transaction.atomic():
+            add.delay(2, 2)
+    assert OutboxMessage.objects.count() == 2
+    [event] = _unavailable(logs)
+    assert "outside the tested 1.0-1.11.x" in event["reason"]
+
+
+def test_a_commit_on_the_psycopg_connection_commits_the_waiting_rows() -> None:
+    """connection.connection.commit() inside atomic() writes the waiting rows first: they
+    commit with it, and survive the block's later rollback as a row written at the call would."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        kept = add.delay(1, 1)
+        connection.connection.commit()
+        raise RuntimeError("the block rolls back after the raw commit")
+    assert list(OutboxMessage.objects.values_list("task_id", flat=True)) == [kept.id]
+
+
+def test_a_rollback_on_the_psycopg_connection_forgets_the_waiting_rows() -> None:
+    """connection.connection.rollback() drops the rows of the transaction it rolled back;
+    they are never written into the next one."""
+    with transaction.atomic():
+        add.delay(1, 1)
+        connection.connection.rollback()
+        kept = add.delay(2, 2)
+    assert list(OutboxMessage.objects.values_list("task_id", flat=True)) == [kept.id]

@@ -33,7 +33,9 @@ COMMANDS = (
     "outbox_stats",
     "outbox_purge_dead_letter",
     "outbox_requeue_dead_letter",
+    "outbox_list",
     "outbox_consume",
+    "outbox_consume_dead",
 )
 
 

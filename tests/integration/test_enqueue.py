@@ -98,21 +98,6 @@ def test_send_task_returns_result_with_given_task_id() -> None:
     assert (row.task_id, row.task_name, row.kwargs) == (task_id, "remote.task", {"k": "v"})
 
 
-@override_settings(OUTBOX_NOTIFY_EXCLUDE_TASKS=["tests.add"])
-def test_excluded_task_bypasses_outbox(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A task in OUTBOX_NOTIFY_EXCLUDE_TASKS goes to Celery's own send_task, not the table."""
-    sent: list[str] = []
-
-    def fake_send(self: Any, name: str, *args: Any, **kwargs: Any) -> None:
-        sent.append(name)
-
-    monkeypatch.setattr("celery.Celery.send_task", fake_send)
-    with transaction.atomic():
-        add.delay(1, 2)
-    assert sent == ["tests.add"]
-    assert OutboxMessage.objects.count() == 0
-
-
 @override_settings(OUTBOX_NOTIFY_DATABASE="other")
 def test_rows_go_to_the_configured_alias_and_its_transaction() -> None:
     """With OUTBOX_NOTIFY_DATABASE set, rows follow that alias's transaction, not default's."""

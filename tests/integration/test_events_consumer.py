@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.test.utils import CaptureQueriesContext
 
 from outbox_notify import signals
 from outbox_notify.events import Consumer, Envelope
@@ -18,7 +20,7 @@ from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import InboxRecord
 from tests import event_consumers
 from tests.event_consumers import CardCreated, OrderPlaced, runs
-from tests.events_support import envelope_for, raw_envelope
+from tests.events_support import SOURCE, envelope_for, raw_envelope
 from tests.relay_support import wait_for
 from tests.testapp.models import Effect
 
@@ -51,8 +53,8 @@ def test_an_event_is_handled_once_with_its_id_in_the_consumers_scope() -> None:
     assert (result.event_id, result.event_type) == ("ev-1", event_type_of(OrderPlaced))
     assert markers() == ["a"]
     record = InboxRecord.objects.get()
-    assert (record.scope, record.key) == ("events:once", "ev-1")
-    assert record.task_name == "tests.event_consumers.OrderPlaced"
+    assert (record.scope, record.key) == ("events:once", f'["{SOURCE}","ev-1"]')
+    assert (record.task_id, record.task_name) == ("ev-1", "tests.event_consumers.OrderPlaced")
 
 
 def test_a_redelivered_event_is_skipped_logged_and_signalled() -> None:
@@ -74,6 +76,57 @@ def test_a_redelivered_event_is_skipped_logged_and_signalled() -> None:
     assert len(heard) == 2
     assert heard[0]["consumer"] == "dup"
     assert heard[0]["scope"] == "events:dup"
+    assert heard[0]["event_source"] == SOURCE
+
+
+def from_source(source: str, event_id: str, marker: str) -> bytes:
+    """An OrderPlaced event with this source and id."""
+    envelope = envelope_for(OrderPlaced(order_id=1, marker=marker), event_id=event_id)
+    return wire.encode(dataclasses.replace(envelope, source=source))
+
+
+def test_the_same_id_from_two_sources_is_two_events_each_handled_once() -> None:
+    """CloudEvents ids are unique within a source: order-42 of billing and of shipping both run."""
+    consumer = event_consumers.build("sources")
+    billing = from_source("/billing", "order-42", "billing")
+    shipping = from_source("https://shipping.example/orders", "order-42", "shipping")
+    outcomes = [consumer.process(m).outcome for m in (billing, shipping, billing, shipping)]
+    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED, Outcome.SKIPPED, Outcome.SKIPPED]
+    assert markers() == ["billing", "shipping"]
+
+
+LONG_SOURCE = "https://events.example/" + "s" * 300
+
+
+def test_a_source_and_id_too_long_for_a_key_are_keyed_by_their_digest() -> None:
+    """Over 255 characters the key is sha256:<hex> of the pair, still one per source and id."""
+    consumer = event_consumers.build("long")
+    first, other = (from_source(LONG_SOURCE + tail, "ev-1", tail) for tail in ("a", "b"))
+    outcomes = [consumer.process(m).outcome for m in (first, other, first)]
+    assert outcomes == [Outcome.HANDLED, Outcome.HANDLED, Outcome.SKIPPED]
+    keys = list(InboxRecord.objects.values_list("key", flat=True))
+    assert all(k.startswith("sha256:") and len(k) == 71 for k in keys)
+    assert len(set(keys)) == 2
+
+
+@pytest.mark.parametrize("watched", [False, True], ids=["key-with-begin", "key-alone"])
+def test_an_id_recorded_alone_before_the_upgrade_is_still_skipped(watched: bool) -> None:
+    """A key an earlier release recorded (the id alone) makes the redelivery a duplicate, from
+    any source (the documented trade-off, until the key is purged); other ids run."""
+    consumer = event_consumers.build("upgrade")
+    event_type = event_type_of(OrderPlaced)
+    InboxRecord.objects.create(
+        scope="events:upgrade", key="ev-old", task_id="ev-old", task_name=event_type
+    )
+    messages = [
+        from_source(SOURCE, "ev-old", "redelivered"),
+        from_source("/elsewhere", "ev-old", "same-id-elsewhere"),
+        from_source(SOURCE, "ev-new", "new"),
+    ]
+    with CaptureQueriesContext(connections["default"]) if watched else nullcontext():
+        outcomes = [consumer.process(m).outcome for m in messages]
+    assert outcomes == [Outcome.SKIPPED, Outcome.SKIPPED, Outcome.HANDLED]
+    assert markers() == ["new"]
 
 
 def test_two_consumers_each_handle_one_event_once() -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import celery
 import psycopg
 import pytest
 import redis
@@ -20,7 +21,8 @@ from django.db import connection, transaction
 from django.test import Client, override_settings
 from django.urls import reverse
 
-from outbox_notify import bulk, held, stats
+from outbox_notify import OutboxCelery, bulk, held, stats
+from outbox_notify.app import RecordingProducer
 from outbox_notify.models import OutboxMessage
 from outbox_notify.relay.store import connection_kwargs
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -107,6 +109,41 @@ def test_explicit_eta_bulk_and_group_rows_are_held() -> None:
     for task_id in [*in_bulk, *(r.id for r in members.results)]:
         assert _retry_after(task_id) == _eta(task_id)
     assert _retry_after(ready) is None
+
+
+@pytest.fixture
+def new_york() -> Iterator[tuple[OutboxCelery, celery.Celery]]:
+    """An OutboxCelery and a plain Celery app, both with timezone America/New_York."""
+    apps = (
+        OutboxCelery("held-new-york", fixups=[], set_as_current=False),
+        celery.Celery("plain-new-york", fixups=[], set_as_current=False),
+    )
+    for each in apps:
+        each.conf.update(timezone="America/New_York", enable_utc=True)
+    yield apps
+    for each in apps:
+        each.close()
+
+
+@override_settings(OUTBOX_NOTIFY_HOLD_ETA_AFTER=60)
+def test_a_naive_eta_is_held_until_it_read_as_utc_whatever_the_apps_timezone(
+    new_york: tuple[OutboxCelery, celery.Celery],
+) -> None:
+    """A naive eta 10 min ahead in UTC is held 10 min, as the worker reads it (not 5 h 10 min
+    in New York time), and its eta and expires headers are the ones plain Celery writes."""
+    outbox_app, plain_app = new_york
+    naive = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(minutes=10)
+    options = {"eta": naive, "expires": naive + dt.timedelta(hours=1)}
+    with transaction.atomic():
+        task_id = outbox_app.send_task("tests.add", (1, 1), **options).id
+    recorder = RecordingProducer()
+    celery.Celery.send_task(plain_app, "tests.add", (1, 1), producer=recorder, **options)
+    assert recorder.recorded is not None
+    by_celery = recorder.recorded[1]["headers"]
+    stored = OutboxMessage.objects.get(task_id=task_id).options["headers"]
+    assert (stored["eta"], stored["expires"]) == (by_celery["eta"], by_celery["expires"])
+    assert stored["eta"] == naive.isoformat()
+    assert _retry_after(task_id) == naive.replace(tzinfo=dt.UTC)
 
 
 @override_settings(OUTBOX_NOTIFY_HOLD_ETA_AFTER=0)

@@ -20,8 +20,8 @@ from celery.app.trace import build_tracer
 from django.db import InternalError, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from outbox_notify import OnceTask, signals
-from outbox_notify.exceptions import OnceKeyError
+from outbox_notify import OnceTask, inbox, signals
+from outbox_notify.exceptions import MarkedForRollback, OnceKeyError
 from outbox_notify.models import InboxRecord, OutboxMessage
 from tests.celery_app import app
 from tests.once_tasks import (
@@ -35,6 +35,8 @@ from tests.once_tasks import (
     isolation,
     retrying,
     ship_order,
+    swallow,
+    swallow_retried,
 )
 from tests.relay_support import wait_for
 from tests.testapp.models import Effect
@@ -180,6 +182,27 @@ def test_a_worker_retry_sends_the_retry_message_after_the_rollback() -> None:
     assert row.options["headers"]["retries"] == 1
     assert deliver(retrying, ("worker", 1), task_id, retries=1).info is None  # succeeded
     assert [e.attempt for e in effects("worker")] == [1]
+
+
+@pytest.mark.parametrize("how", ["orm", "raw", "set_rollback"])
+def test_a_body_that_returns_with_its_transaction_marked_for_rollback_fails(how: str) -> None:
+    """A caught database error or set_rollback(True): FAILURE, no effect, no key; it runs again."""
+    task_id = new_id()
+    outcome = deliver(swallow, ("lost", how), task_id)
+    assert outcome.info.state == states.FAILURE
+    assert isinstance(outcome.info.retval, MarkedForRollback)
+    assert "the body of tests.once.swallow returned" in str(outcome.info.retval)
+    assert (effects(), keys()) == ([], [])
+    assert deliver(swallow, ("again", None), task_id).info is None  # succeeded
+    assert [e.marker for e in effects()] == ["again"]
+
+
+def test_autoretry_for_retries_a_body_marked_for_rollback() -> None:
+    """autoretry_for=(MarkedForRollback,): the attempts that swallowed an error are retried."""
+    result = swallow_retried.apply(("retried", 2))
+    assert (result.state, result.result) == (states.SUCCESS, 2)
+    assert [e.attempt for e in effects("retried")] == [2]
+    assert len(keys()) == 1
 
 
 def test_a_worker_duplicate_is_ignored_not_failed() -> None:
@@ -517,3 +540,26 @@ def test_inside_a_transaction_under_way_the_key_follows_its_statements(tmp_path:
     assert sent[3].startswith("INSERT INTO outbox_notify_inbox_v1 "), sent
     assert sent[-1] == "COMMIT", sent
     assert [e.marker for e in effects()] == ["nested"]
+
+
+def test_the_fallback_from_the_fused_begin_is_logged_once_per_process_and_reason(
+    raw_connection: psycopg.Connection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deliveries that cannot send BEGIN with the key say why once, not once per task."""
+    from django.db.backends.postgresql.base import Cursor
+
+    class Traced(Cursor):
+        pass
+
+    monkeypatch.setattr(inbox, "_reported", set())
+    raw_connection.cursor_factory = Traced
+    with structlog.testing.capture_logs() as logs:
+        for marker in ("first", "second"):
+            deliver(effect, (marker,), new_id())
+        with CaptureQueriesContext(connections["default"]):
+            deliver(effect, ("watched",), new_id())
+    reasons = [e["reason"] for e in logs if e["event"] == "outbox.fused_begin_unavailable"]
+    assert len(reasons) == 2, reasons
+    assert "cursors are not Django's own" in reasons[0]
+    assert "watches the connection's statements" in reasons[1]
+    assert [e.marker for e in effects()] == ["first", "second", "watched"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import signal
 import time
 from typing import Any
@@ -116,14 +117,15 @@ def test_poll_only_relay_publishes_on_its_sweep(start_relay: Any, redis_queue: R
 def test_two_relays_publish_each_message_once(start_relay: Any, redis_queue: RedisQueue) -> None:
     """Two relays draining one backlog split it: every message exactly once."""
     ids = enqueue(redis_queue.name, count=3000)
-    first = start_relay("--batch-size", "50", *FAST)
-    second = start_relay("--batch-size", "50", *FAST)
+    first = start_relay("--batch-size", "50", "--log-batches", *FAST)
+    second = start_relay("--batch-size", "50", "--log-batches", *FAST)
     wait_for(
         lambda: not OutboxMessage.objects.exists(), what="the backlog drained", context=first.output
     )
     published = redis_queue.task_ids()
     assert sorted(published) == sorted(ids)
-    assert "batch_done" in first.output() + second.output()
+    # --log-batches: one info line per batch
+    assert re.search(r"\[info +\] outbox\.batch_done", first.output() + second.output())
 
 
 def test_retry_due_time_is_honoured_without_polling(
@@ -229,12 +231,16 @@ def test_liveness_file_is_touched_while_idle(
 def test_sweep_publishes_everything_and_exits_zero(
     start_relay: Any, redis_queue: RedisQueue
 ) -> None:
-    """outbox_sweep publishes all due rows, then exits 0."""
+    """outbox_sweep publishes all due rows, exits 0 and says so in one line; no line per batch
+    unless --log-batches asks for it."""
     ids = enqueue(redis_queue.name, count=250)
     sweep = start_relay("--batch-size", "100", command="outbox_sweep")
     assert sweep.wait() == 0, sweep.output()
     assert sorted(redis_queue.task_ids()) == sorted(ids)
     assert not OutboxMessage.objects.exists()
+    output = sweep.output()
+    assert "published 250, retried 0, dead-lettered 0 (3 batches)" in output
+    assert "batch_done" not in output
 
 
 @pytest.mark.parametrize("broken", ["database", "broker"])

@@ -294,6 +294,8 @@ def test_writer_role_records_once_keys_but_cannot_remove_them(
     with _as(server, WRITER_LOGIN) as conn:
         inserted = [conn.execute(inbox.queries()["record_key"], params).rowcount for _ in "ab"]
         assert inserted == [1, 0]
+        renamed = dict(params, key="k-2", former="k-1")  # an event's key and its former one
+        assert conn.execute(inbox.queries()["record_key_unless_former"], renamed).rowcount == 0
         owner = conn.execute(inbox.queries()["key_owner"], params).fetchone()
         assert owner == ("t-1",)
         for statement in (

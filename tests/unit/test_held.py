@@ -15,15 +15,9 @@ from outbox_notify.exceptions import ConfigurationError
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
 
 
-class App:
-    """The one attribute of a Celery app the decision reads."""
-
-    timezone = ZoneInfo("Europe/Berlin")
-
-
 def decide(eta: Any, threshold: float | None = 60.0) -> dt.datetime | None:
     """The decision for one eta header at NOW."""
-    return held.hold_until({"eta": eta} if eta is not None else {}, threshold, App(), NOW)
+    return held.hold_until({"eta": eta} if eta is not None else {}, threshold, NOW)
 
 
 def test_holds_only_an_eta_further_ahead_than_the_threshold() -> None:
@@ -42,10 +36,12 @@ def test_none_disables_holding_and_zero_holds_any_future_eta() -> None:
     assert decide(soon.isoformat(), 0.0) == soon
 
 
-def test_a_naive_eta_is_read_in_the_apps_timezone_and_garbage_is_not_held() -> None:
-    """A naive eta means the app's timezone, as the worker reads it; an unreadable one waits."""
-    naive = dt.datetime(2026, 11, 26, 15, 0)  # 14:00 UTC in Berlin
-    assert decide(naive.isoformat()) == naive.replace(tzinfo=App.timezone)
+def test_a_naive_eta_is_read_as_utc_as_the_worker_reads_it_and_garbage_is_not_held() -> None:
+    """A naive eta means UTC (Celery's worker: naive_as_utc); an unreadable one is not held."""
+    naive = dt.datetime(2026, 11, 26, 12, 10)
+    assert decide(naive.isoformat()) == naive.replace(tzinfo=dt.UTC)
+    berlin = dt.datetime(2026, 11, 26, 13, 10, tzinfo=ZoneInfo("Europe/Berlin"))  # 12:10 UTC
+    assert decide(berlin.isoformat()) == berlin
     assert decide("next tuesday") is None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from hypothesis import given
@@ -133,6 +134,20 @@ def test_expiration_is_counted_at_publish_time() -> None:
     assert serialization.expiration_seconds({"expires": later}, now) == 90.0
     assert serialization.expiration_seconds({"expires": earlier}, now) == 0.0
     assert serialization.expiration_seconds({"expires": None}, now) is None
+
+
+def test_eta_and_expires_headers_are_read_as_the_worker_reads_them() -> None:
+    """A naive header is UTC whatever the zone of `now`; an aware one keeps its zone."""
+    naive = dt.datetime(2026, 1, 1, 12, 0)
+    assert serialization.header_time(naive.isoformat()) == naive.replace(tzinfo=dt.UTC)
+    assert serialization.header_time(naive) == naive.replace(tzinfo=dt.UTC)
+    tokyo = dt.datetime(2026, 1, 1, 21, 0, tzinfo=ZoneInfo("Asia/Tokyo"))
+    assert serialization.header_time(tokyo.isoformat()) == tokyo
+    now_in_new_york = dt.datetime(2026, 1, 1, 6, 59, tzinfo=ZoneInfo("America/New_York"))
+    expires = {"expires": naive.isoformat()}  # 12:00 UTC, 60 s after 06:59 in New York
+    assert serialization.expiration_seconds(expires, now_in_new_york) == 60.0
+    with pytest.raises(ValueError, match="Invalid isoformat"):
+        serialization.header_time("next tuesday")
 
 
 def test_relative_times_accept_numbers_and_timedeltas() -> None:

@@ -1,9 +1,10 @@
-"""What every outbox command shares: flag value types, and database errors as one line.
+"""What every outbox command shares: flag value types, and errors as one line.
 
 Flag values are checked where they are parsed, so a bad value is an argparse usage error
-(exit status 2) whose message names the flag. Database failures become a one-line
-CommandError (exit status 1) that says what is missing and how to fix it; Django's own
-`--traceback` flag re-raises it with the original error chained, for those who want more.
+(exit status 2) whose message names the flag. Database failures and system check errors
+become a one-line CommandError (exit status 1) that says what is wrong and how to fix it;
+Django's own `--traceback` flag re-raises it with the original error chained, for those who
+want more.
 """
 
 from __future__ import annotations
@@ -11,9 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from django.core.management.base import CommandError
+from django.core import checks as django_checks
+from django.core.management.base import BaseCommand, CommandError, SystemCheckError
 from django.db import Error as DjangoDatabaseError
 from django.db import connections
 
@@ -30,6 +34,34 @@ RELAY_NEEDS = (
     "SELECT, DELETE and UPDATE (retries, retry_after, last_error) on outbox_notify_message_v1 "
     "and INSERT on outbox_notify_dead_letter_v1"
 )
+
+
+class OutboxCommand(BaseCommand):
+    """An outbox command: a system check error stops it with one line, like any other error."""
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's checks; the errors that stop the command folded into one CommandError."""
+        try:
+            super().check(*args, **kwargs)
+        except SystemCheckError as exc:
+            raise CommandError(_serious_checks(kwargs)) from exc
+
+
+def _serious_checks(kwargs: dict[str, Any]) -> str:
+    """The check messages that stopped a command, on one line (Django's own format, folded)."""
+    fail_level = kwargs.get("fail_level", django_checks.ERROR)
+    found = django_checks.run_checks(
+        app_configs=kwargs.get("app_configs"),
+        tags=kwargs.get("tags"),
+        include_deployment_checks=kwargs.get("include_deployment_checks", False),
+        databases=kwargs.get("databases"),
+    )
+    serious = sorted(
+        " ".join(str(message).split())
+        for message in found
+        if message.is_serious(fail_level) and not message.is_silenced()
+    )
+    return "; ".join(serious)
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:
@@ -158,3 +190,15 @@ def require_relay_privileges() -> None:
             f"the database role of {alias!r} lacks {', '.join(missing)}, which the relay "
             "needs (sql/relay_role.sql grants them; see docs/security.md)"
         )
+
+
+@contextlib.contextmanager
+def logs_to_stderr() -> Iterator[None]:
+    """Log lines printed while the block runs go to stderr; stdout keeps the command's report.
+
+    structlog's default logger prints to whatever `sys.stdout` is when an event is logged,
+    which is the command's stdout; the command writes its report through `self.stdout`,
+    bound before the block. (A logging setup that names its stream itself is left alone.)
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        yield

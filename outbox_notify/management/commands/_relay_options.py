@@ -18,6 +18,7 @@ SWEEP_FLAGS = (
     "max_backoff",
     "stale_timeout",
     "send_timeout",
+    "log_batches",
 )
 LISTEN_FLAGS = (
     *SWEEP_FLAGS,
@@ -70,6 +71,12 @@ def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
                 type=Path,
                 default=None,
                 help="file whose mtime is refreshed while the relay is healthy",
+            )
+        elif name == "log_batches":
+            parser.add_argument(
+                flag,
+                action="store_true",
+                help="log outbox.batch_done (info) for every committed batch",
             )
         elif name == "poll_only":
             parser.add_argument(

@@ -7,18 +7,18 @@ import signal
 from collections.abc import Iterator
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from outbox_notify import conf, inbox
 from outbox_notify.events import consumer as consumers
 from outbox_notify.events.delivery import OUTAGE_COOLDOWN, Runner
-from outbox_notify.management.commands._common import one_line, reported, seconds
+from outbox_notify.management.commands._common import OutboxCommand, one_line, reported, seconds
 
 NEEDS = "SELECT and INSERT on outbox_notify_inbox_v1"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Consume domain events once per event id, with retries and a dead-letter exchange."""
 
     help = (

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
 from outbox_notify.management.commands._common import (
     RELAY_NEEDS,
+    OutboxCommand,
     reported,
     require_relay_privileges,
 )
@@ -17,7 +16,7 @@ from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Relay committed outbox rows to the broker, woken by LISTEN/NOTIFY."""
 
     help = (

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.management.commands._common import reported, whole_number
+from outbox_notify.management.commands._common import (
+    OutboxCommand,
+    logs_to_stderr,
+    reported,
+    whole_number,
+)
+from outbox_notify.management.commands._progress import Progress
 
 NEEDS = "SELECT, UPDATE and DELETE on outbox_notify_dead_letter_v1"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Deletes dead letters older than N days, chunk by chunk; --dry-run only reports."""
 
     help = (
@@ -29,11 +35,16 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with reported(NEEDS):
+        with (
+            reported(NEEDS),
+            logs_to_stderr(),
+            Progress(self.stderr, "deleting dead letters") as progress,
+        ):
             result = deadletter.purge(
                 options["older_than_days"],
                 dry_run=options["dry_run"],
                 chunk_size=options["chunk_size"],
+                progress=progress.update,
             )
         if result.dry_run:
             self.stdout.write(

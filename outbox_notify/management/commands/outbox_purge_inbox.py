@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import inbox
-from outbox_notify.management.commands._common import reported, whole_number
+from outbox_notify.management.commands._common import OutboxCommand, reported, whole_number
 
 NEEDS = "SELECT, UPDATE and DELETE on outbox_notify_inbox_v1"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Deletes inbox keys older than N days, chunk by chunk; --dry-run only reports."""
 
     help = (

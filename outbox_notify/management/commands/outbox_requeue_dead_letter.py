@@ -4,10 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
 from outbox_notify import deadletter
-from outbox_notify.management.commands._common import reported, whole_number
+from outbox_notify.management.commands._common import (
+    OutboxCommand,
+    logs_to_stderr,
+    reported,
+    whole_number,
+)
+from outbox_notify.management.commands._progress import Progress
 
 NEEDS = (
     "SELECT, UPDATE and DELETE on outbox_notify_dead_letter_v1 and INSERT on "
@@ -15,7 +21,7 @@ NEEDS = (
 )
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Requeues dead letters chosen by id, task name or all, with retries reset."""
 
     help = (
@@ -35,14 +41,21 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        with reported(NEEDS):
+        ids = tuple(options["ids"] or ())
+        label = "checking dead letters" if options["dry_run"] else "requeueing dead letters"
+        with (
+            reported(NEEDS),
+            logs_to_stderr(),
+            Progress(self.stderr, label, total=len(set(ids)) or None) as progress,
+        ):
             selector = deadletter.Selector(
-                ids=tuple(options["ids"] or ()),
-                task_name=options["task_name"],
-                everything=options["everything"],
+                ids=ids, task_name=options["task_name"], everything=options["everything"]
             )
             result = deadletter.requeue(
-                selector, dry_run=options["dry_run"], chunk_size=options["chunk_size"]
+                selector,
+                dry_run=options["dry_run"],
+                chunk_size=options["chunk_size"],
+                progress=progress.update,
             )
         verb = "would requeue" if result.dry_run else "requeued"
         self.stdout.write(f"{verb} {result.moved} dead letters")

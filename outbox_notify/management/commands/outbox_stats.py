@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
 from outbox_notify import conf, inbox, stats
-from outbox_notify.management.commands._common import reported, seconds, whole_number
+from outbox_notify.management.commands._common import OutboxCommand, reported, seconds, whole_number
 
 LAG_EXIT_CODE = 2  # distinct from 1 (any other error), so a probe can tell lag from a crash
 NEEDS = (
@@ -19,7 +19,7 @@ NEEDS = (
 NOT_COMPUTED = "top_failing            not computed (--top 0)"
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Prints queue depth, lag, dead letters, relays and failing tasks as text or JSON."""
 
     help = (

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from outbox_notify.management.commands._common import (
     RELAY_NEEDS,
+    OutboxCommand,
+    logs_to_stderr,
     reported,
     require_relay_privileges,
 )
 from outbox_notify.management.commands._relay_options import SWEEP_FLAGS, add_flags, config_from
 from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.reporting import Tally
 from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
 
 
-class Command(BaseCommand):
+class Command(OutboxCommand):
     """Publish every row that is due now, then exit."""
 
     help = (
@@ -31,16 +34,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         require_relay_privileges()
-        with reported(RELAY_NEEDS):
+        with reported(RELAY_NEEDS), logs_to_stderr():
             holder: list[Relay] = []
+            tally = Tally()
             # SIGTERM/SIGINT: finish the batch in hand (so nothing it published is sent
             # twice), then stop.
             with stop_signals(holder):
-                relay = build_relay(config_from(options, SWEEP_FLAGS), listen=False, wake_fd=None)
+                config = config_from(options, SWEEP_FLAGS)
+                relay = build_relay(config, listen=False, wake_fd=None, extra_reporters=[tally])
                 holder.append(relay)
                 check_reachable(relay)
                 try:
-                    if not relay.drain():
+                    drained = relay.drain()
+                    self.stdout.write(tally.summary())
+                    if not drained:
                         raise CommandError(
                             "the broker became unreachable during the sweep; rows left for the next run"
                         )
