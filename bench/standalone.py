@@ -50,6 +50,7 @@ REGISTRY = (
     Standalone("long_writer", "A writer holding the wake lock: what the relays run meanwhile"),
     Standalone("events", "Domain events: published per second through one relay", quick=("--quick",)),
     Standalone("consume", "Domain events: consumed once per second by one consumer", quick=("--quick",)),
+    Standalone("rowsize", "Stored bytes per message: the row and the WAL it writes", quick=("--quick",)),
 )  # fmt: skip
 KEYS = tuple(entry.key for entry in REGISTRY)
 

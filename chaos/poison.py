@@ -54,38 +54,43 @@ class _Capture(Exception):
     """Rolls back the transaction that captured a real message's options."""
 
 
-def captured_options(queue: str) -> dict[str, Any]:
-    """The options the write side stores for a message of an unknown task (rolled back)."""
+def captured_options(queue: str) -> tuple[dict[str, Any], int]:
+    """The options (and their schema_version) the write side stores for a message of an
+    unknown task (rolled back)."""
     from chaos.celery_app import app
 
     captured: dict[str, Any] = {}
+    version = 0
     try:
         with transaction.atomic():
             result = app.send_task(UNKNOWN_TASK, args=[1], queue=queue)
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT options::text FROM outbox_notify_message_v1 WHERE task_id = %s",
+                    "SELECT options::text, schema_version FROM outbox_notify_message_v1"
+                    " WHERE task_id = %s",
                     [result.id],
                 )
-                captured.update(json.loads(cursor.fetchone()[0]))
+                text, version = cursor.fetchone()
+                captured.update(json.loads(text))
             raise _Capture
     except _Capture:
         pass
-    return captured
+    return captured, version
 
 
 def _with_id(options: dict[str, Any], task_id: str, **changes: Any) -> str:
     copy = json.loads(json.dumps(options))
-    copy["headers"]["id"] = task_id
-    copy["headers"]["root_id"] = task_id
-    copy.setdefault("properties", {})["correlation_id"] = task_id
+    headers = copy.get("headers") or {}
+    if "id" in headers:  # version 1's layout repeats the task id; the compact one does not
+        headers["id"] = headers["root_id"] = task_id
+        copy.setdefault("properties", {})["correlation_id"] = task_id
     copy.update(changes)
     return json.dumps(copy)
 
 
 def make(scenario: str, queue: str) -> list[Poison]:
     """The poison rows of one scenario (task ids carry the scenario's name)."""
-    template = captured_options(queue)
+    template, version = captured_options(queue)
 
     def tid(kind: str) -> str:
         return f"poison-{scenario}-{kind}"
@@ -100,12 +105,12 @@ def make(scenario: str, queue: str) -> list[Poison]:
         Poison(kind="unknown-serializer", task_id=tid("unknown-serializer"),
                task_name=UNKNOWN_TASK,
                options=_with_id(template, tid("unknown-serializer"), serializer="no-such"),
-               schema_version=1, expect="dead:publish failed"),
+               schema_version=version, expect="dead:publish failed"),
         Poison(kind="future-schema", task_id=tid("future-schema"), task_name="chaos.record",
                options=_with_id(template, tid("future-schema")),
                schema_version=FUTURE_VERSION, expect="kept"),
         Poison(kind="unknown-task", task_id=tid("unknown-task"), task_name=UNKNOWN_TASK,
-               options=_with_id(template, tid("unknown-task")), schema_version=1,
+               options=_with_id(template, tid("unknown-task")), schema_version=version,
                expect="published"),
     ]  # fmt: skip
 

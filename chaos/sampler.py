@@ -15,6 +15,8 @@ from typing import Any
 
 import psycopg
 
+from outbox_notify.serialization import SCHEMA_VERSION
+
 INTERVAL = 0.5  # seconds between samples
 # The session holding the wake lock in exclusive mode (a relay asleep), and for how long it
 # has been idle: a healthy sleeper runs a query at least every --sweep-interval.
@@ -27,7 +29,7 @@ WHERE l.locktype = 'advisory' AND l.classid = 1869968482 AND l.objid = 1
 SAMPLE_SQL = """
 SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8
 FROM outbox_notify_message_v1
-WHERE schema_version <= 1 AND task_id NOT LIKE 'poison-%%'
+WHERE schema_version <= %(max_version)s AND task_id NOT LIKE 'poison-%%'
 """
 
 
@@ -57,7 +59,7 @@ class OutboxSampler(threading.Thread):
 
     def _sample_until_error(self, conn: psycopg.Connection[Any]) -> None:
         while not self.done.wait(INTERVAL):
-            row = conn.execute(SAMPLE_SQL).fetchone()
+            row = conn.execute(SAMPLE_SQL, {"max_version": SCHEMA_VERSION}).fetchone()
             if row is not None:
                 self.samples.append((time.time(), int(row[0]), float(row[1])))
             held = conn.execute(WAKE_LOCK_SQL).fetchone()

@@ -18,7 +18,7 @@ from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from outbox_notify import conf, deadletter, held, redaction, stats
+from outbox_notify import compact, conf, deadletter, held, redaction, stats
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
 from outbox_notify.serialization import EVENT_VERSION
@@ -201,7 +201,7 @@ class ReadOnlyAdmin(ModelAdmin):
     def routing_key(self, obj: OutboxMessage | DeadLetter) -> Any:
         """The routing key (queue) the message is published with."""
         options = obj.options if isinstance(obj.options, dict) else {}
-        return options.get("routing_key") or "-"
+        return compact.routing_key_of(options) or "-"
 
     def log_rows(self, request: HttpRequest, rows: Sequence[Model], message: str) -> None:
         """One admin LogEntry per row an action changed."""

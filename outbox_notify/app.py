@@ -16,6 +16,7 @@ from django.core import checks as django_checks
 from outbox_notify import (
     batching,
     chords,
+    compact,
     context,
     held,
     instrumentation,
@@ -209,9 +210,10 @@ class OutboxCelery(celery.Celery):
         """The validated outbox row for what a RecordingProducer recorded."""
         assert recorder.recorded is not None
         body, publish_kwargs = recorder.recorded
-        row = serialization.build_row(
+        row = compact.build_row(
             body,
             publish_kwargs,
+            app=self,
             relative=relative,
             context=context.capture(
                 settings.structlog_keys,

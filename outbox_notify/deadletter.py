@@ -176,12 +176,15 @@ def rebase_options(text: str, now: datetime) -> Rebased:
     """
     try:
         options = json.loads(text)
-        headers, relative = options["headers"], options.get("relative") or {}
+        # The compact layout (version 4) leaves out `headers` when all are at their defaults.
+        headers, relative = options.get("headers", {}), options.get("relative") or {}
         if not isinstance(headers, dict) or not isinstance(relative, Mapping):
             return Rebased(options=text, already_expired=False)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, AttributeError):
         return Rebased(options=text, already_expired=False)
     changed = _shift(headers, relative, now)
+    if changed:
+        options["headers"] = headers
     expires = _moment(headers.get("expires"))
     return Rebased(
         options=json.dumps(options) if changed else text,

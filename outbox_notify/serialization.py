@@ -28,8 +28,9 @@ from outbox_notify.exceptions import (
 # The newest layout of `options` the relay reads: it has a decoder for every version up to
 # this one (relay/messages.py DECODERS) and leaves rows of a newer version alone (a newer relay
 # will publish them).
-SCHEMA_VERSION = 3
-# The layout of a row without result-backend calls: version 1, which every relay reads.
+SCHEMA_VERSION = 4
+# Version 1: everything Celery recorded (build_row below). Every relay reads it; the writer
+# stores it only for a message the compact layout cannot hold (compact.py).
 DEFAULT_VERSION = 1
 # Version 2 is version 1 plus `backend_calls`: result-backend calls (a chord's size) the relay
 # makes before it publishes the row (chords.py); a relay that predates them must not take it.
@@ -37,6 +38,10 @@ BACKEND_CALLS_VERSION = 2
 # Version 3 is a domain event (outbox_notify.events.publishing): `args` holds the event's data,
 # `kwargs` its other CloudEvents attributes, `options` its exchange, routing key and headers.
 EVENT_VERSION = 3
+# Version 4 is a task in the compact layout (compact.py): only what differs from Celery's
+# defaults, and the queue by name when the app's configuration declares it so; it may carry
+# `backend_calls` too. What the writer stores for a task.
+COMPACT_VERSION = 4
 
 # kombu.Producer.publish keywords that are not message properties. retry/retry_policy and
 # the timeouts are the relay's business, so they are dropped at capture.
@@ -71,7 +76,9 @@ def with_backend_calls(row: OutboxRow, calls: list[dict[str, Any]]) -> OutboxRow
     """`row` carrying result-backend calls for the relay to make before publishing it."""
     encoded = dumps(calls, "the chord's result-backend calls")
     options = f'{row.options[:-1]}, "backend_calls": {encoded}}}'
-    return dataclasses.replace(row, options=options, schema_version=BACKEND_CALLS_VERSION)
+    # A compact row reads its backend_calls as it is; a row in version 1's layout becomes 2.
+    version = COMPACT_VERSION if row.schema_version == COMPACT_VERSION else BACKEND_CALLS_VERSION
+    return dataclasses.replace(row, options=options, schema_version=version)
 
 
 def new_id() -> str:
@@ -257,22 +264,26 @@ def validate_row(row: OutboxRow) -> None:
     limits.check_message_size(row.task_name, row.args, row.kwargs, row.options)
 
 
-def options_text(
-    publish_kwargs: Mapping[str, Any],
-    headers: dict[str, Any],
-    embed: Any,
-    relative: Mapping[str, float],
-    sent_event: Mapping[str, Any] | None,
-) -> str:
-    """The `options` column for one recorded publish (see the module docstring)."""
-    properties = {
+def message_properties(publish_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The message properties of a recorded publish (its other keywords are not properties)."""
+    return {
         key: value
         for key, value in publish_kwargs.items()
         if key not in _PUBLISH_ARGS and key not in _DROPPED_ARGS
     }
+
+
+def options_text(
+    publish_kwargs: Mapping[str, Any],
+    headers: Mapping[str, Any],
+    embed: Any,
+    relative: Mapping[str, float],
+    sent_event: Mapping[str, Any] | None,
+) -> str:
+    """The `options` column for one recorded publish in version 1's layout (everything)."""
     options: dict[str, Any] = {
         "headers": headers,
-        "properties": properties,
+        "properties": message_properties(publish_kwargs),
         "embed": embed,
         "exchange": exchange_to_json(publish_kwargs.get("exchange")),
         "routing_key": publish_kwargs.get("routing_key"),
@@ -288,6 +299,14 @@ def options_text(
     return f'{text[:-1]}, "declare": {declare_text(publish_kwargs.get("declare"))}}}'
 
 
+def recorded_parts(body: Any, publish_kwargs: Mapping[str, Any]) -> tuple[Any, Any, Any, Any]:
+    """(args, kwargs, embed, headers) of a recorded protocol 2 publish."""
+    if not isinstance(body, tuple) or len(body) != 3:
+        raise ConfigurationError(PROTOCOL_1_MESSAGE)
+    args, kwargs, embed = body
+    return args, kwargs, embed, publish_kwargs.get("headers") or {}
+
+
 def build_row(
     body: Any,
     publish_kwargs: Mapping[str, Any],
@@ -297,16 +316,14 @@ def build_row(
     sent_event: Mapping[str, Any] | None = None,
     hold_until: datetime | None = None,
 ) -> OutboxRow:
-    """Turn a recorded `Producer.publish(body, **publish_kwargs)` call into outbox columns.
+    """Turn a recorded `Producer.publish(body, **publish_kwargs)` call into outbox columns,
+    in version 1's layout (the writer stores compact.build_row's, version 4).
 
     `sent_event` holds the fields of the `task-sent` event Celery would have published with
     the message (when `task_send_sent_event` is on); the relay publishes it after the task.
     `hold_until` is the ETA a task is held in the outbox until (held.hold_until), if any.
     """
-    if not isinstance(body, tuple) or len(body) != 3:
-        raise ConfigurationError(PROTOCOL_1_MESSAGE)
-    args, kwargs, embed = body
-    headers = publish_kwargs.get("headers") or {}
+    args, kwargs, embed, headers = recorded_parts(body, publish_kwargs)
     return OutboxRow(
         task_id=str(headers["id"]),
         task_name=str(headers["task"]),
@@ -360,14 +377,14 @@ def _queue_from_json(value: Mapping[str, Any]) -> Queue:
     return Queue(**data)
 
 
-def _declare_list(value: Any) -> list[dict[str, Any]]:
+def declare_list(value: Any) -> list[dict[str, Any]]:
     queues = list(value or ())
     if not all(isinstance(q, dict) and isinstance(q.get("name"), str) for q in queues):
         raise TypeError("declare must be a list of queue objects with a name")
     return queues
 
 
-def _sent_event(value: Any) -> dict[str, Any] | None:
+def sent_event_of(value: Any) -> dict[str, Any] | None:
     if value is None:
         return None
     if not isinstance(value, dict):
@@ -375,7 +392,7 @@ def _sent_event(value: Any) -> dict[str, Any] | None:
     return value
 
 
-def _backend_calls(value: Any) -> list[dict[str, Any]] | None:
+def backend_calls_of(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
@@ -387,7 +404,8 @@ def _backend_calls(value: Any) -> list[dict[str, Any]] | None:
 
 
 def decode_options(options: Mapping[str, Any]) -> PublishSpec:
-    """Decode a row's `options` (schema version 1 or 2); UndecodableMessage when malformed."""
+    """Decode a row's `options` in version 1's layout (schema version 1 or 2);
+    UndecodableMessage when malformed (compact.decode_options reads version 4)."""
     try:
         headers = options["headers"]
         properties = options.get("properties") or {}
@@ -405,9 +423,9 @@ def decode_options(options: Mapping[str, Any]) -> PublishSpec:
             serializer=options.get("serializer") or "json",
             compression=options.get("compression"),
             delivery_mode=options.get("delivery_mode"),
-            declare_json=_declare_list(options.get("declare")),
-            sent_event=_sent_event(options.get("sent_event")),
-            backend_calls=_backend_calls(options.get("backend_calls")),
+            declare_json=declare_list(options.get("declare")),
+            sent_event=sent_event_of(options.get("sent_event")),
+            backend_calls=backend_calls_of(options.get("backend_calls")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UndecodableMessage(f"options cannot be decoded: {exc!r}") from exc

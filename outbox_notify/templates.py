@@ -2,11 +2,12 @@
 
 The first call of a task with a given set of options (its *shape*) goes through Celery's own
 `send_task` (routing, headers, properties, everything). Its stored `options` text becomes a
-template whose only holes are what Celery computes per call: the task id (also the
-correlation id, and the root id of a top-level task), `argsrepr`, `kwargsrepr`, the group
-index, the `origin` (this process), `reply_to` (this thread) and the values of custom
-headers. Later calls fill the holes with Celery's own functions (`uuid`, `saferepr`,
-`anon_nodename`, `thread_oid`) and return the same `AsyncResult` Celery would.
+template whose only holes are what Celery computes per call: `argsrepr`, `kwargsrepr`, the
+group index, the `origin` (this process), `reply_to` (this thread) and the values of custom
+headers. The task id (also the correlation id, and the root id of a top-level task) is not
+in the text: the compact layout (compact.py) leaves it to the row's `task_id` column. Later
+calls fill the holes with Celery's own functions (`uuid`, `saferepr`, `anon_nodename`,
+`thread_oid`) and return the same `AsyncResult` Celery would.
 
 A shape is used only when nothing else can differ between two calls: no ETA, countdown,
 expiry, links, chain, chord or stamps; custom headers whose names are not Celery's own;
@@ -100,7 +101,7 @@ _KOMBU_ENTITIES = (Queue, Exchange)
 # Stand-ins for the holes while the template is encoded. NUL never survives validation in
 # a task name or id, so these cannot collide with anything else in the text.
 _MARK = "\x00outbox-{}\x00"
-_FIXED_HOLES = ("id", "argsrepr", "kwargsrepr", "group_index", "origin", "reply_to")
+_FIXED_HOLES = ("argsrepr", "kwargsrepr", "group_index", "origin", "reply_to")
 
 
 def _marker(hole: str) -> str:
@@ -322,6 +323,8 @@ def _shape_key(call: Call, parent: Any) -> Any:
         tuple(shape),
         values,
         tuple(options.get("headers") or ()),
+        # A group index is a hole, or absent from the text: a shape has one or the other.
+        options.get("group_index") is None,
     )
     try:
         hash(key)
@@ -377,35 +380,35 @@ def _app_eligible(app: Any) -> bool:
 def _template(call: Call, made: Made, parent: Any) -> Template | None:
     """The shape's template, or None when its first message cannot be split into holes.
 
-    The template is checked against the message it came from: filled with that call's own
-    values it must give back the recorded text byte for byte, and the task id may appear
-    nowhere but in the holes.
+    Only a row in the compact layout (compact.py) becomes a template: its per-call values
+    are always there, at the top level (and the task id, which is also the correlation id
+    and a top-level task's root id, is not in the text at all). The template is checked
+    against the message it came from: filled with that call's own values it must give back
+    the recorded text byte for byte, and the task id may appear nowhere in it.
     """
+    if made.row.schema_version != serialization.COMPACT_VERSION:
+        return None
     text, task_id = made.row.options, made.row.task_id
     options = json.loads(text)
-    headers, properties = options["headers"], options["properties"]
+    headers = options.get("headers") or {}
     header_names = tuple(call.options.get("headers") or ())
     first = {
-        "id": task_id,
-        "argsrepr": headers.get("argsrepr"),
-        "kwargsrepr": headers.get("kwargsrepr"),
-        "origin": headers.get("origin"),
-        "reply_to": properties.get("reply_to"),
+        "argsrepr": options["argsrepr"],
+        "kwargsrepr": options["kwargsrepr"],
+        "origin": options["origin"],
+        "reply_to": options["reply_to"],
         "group_index": headers.get("group_index"),
         **{f"header_{i}": headers.get(name) for i, name in enumerate(header_names)},
     }
-    if headers.get("root_id") == task_id:
-        headers["root_id"] = _marker("id")
-    headers.update(id=_marker("id"), argsrepr=_marker("argsrepr"), kwargsrepr=_marker("kwargsrepr"))
+    options.update(argsrepr=_marker("argsrepr"), kwargsrepr=_marker("kwargsrepr"))
     if not call.options.get("origin"):
-        headers["origin"] = _marker("origin")  # else a given origin, the same for the shape
+        options["origin"] = _marker("origin")  # else a given origin, the same for the shape
+    if not call.options.get("reply_to"):
+        options["reply_to"] = _marker("reply_to")  # else a given reply_to (group members)
     if call.options.get("group_index") is not None:
         headers["group_index"] = _marker("group_index")
     for index, name in enumerate(header_names):
         headers[name] = _marker(f"header_{index}")
-    properties["correlation_id"] = _marker("id")
-    if not call.options.get("reply_to"):
-        properties["reply_to"] = _marker("reply_to")  # else a given reply_to (group members)
     marked = serialization.dumps(options, "task options")
     pieces, holes = _split(marked, len(header_names))
     if pieces is None or task_id in marked:
@@ -558,11 +561,10 @@ _origin: list[str] = []
 os.register_at_fork(after_in_child=_origin.clear)
 
 
-def _hole_values(template: Template, call: Call, task_id: str) -> dict[str, str]:
+def _hole_values(template: Template, call: Call) -> dict[str, str]:
     args = call.args or ()
     kwargs = call.kwargs or {}
     values = {
-        "id": encode_basestring_ascii(task_id),
         "argsrepr": encode_basestring_ascii(
             argsrepr(args, template.repr_maxsize, template.repr_maxlevels)
         ),
@@ -622,13 +624,14 @@ def _fill(template: Template, call: Call, parent: Any, settings: writeconf.Write
         task_name=template.name,
         args=serialization.dumps_args(args),
         kwargs=serialization.dumps_kwargs(kwargs),
-        options=_text(template, _hole_values(template, call, task_id)),
+        options=_text(template, _hole_values(template, call)),
         context=serialization.dumps_context(
             context.capture(
                 settings.structlog_keys,
                 sentry=not context.carries_sentry_trace(call.options.get("headers")),
             )
         ),
+        schema_version=serialization.COMPACT_VERSION,
     )
     if (given and "\x00" in given) or _maybe_too_big(row):
         serialization.validate_row(row)  # raises the error single calls raise

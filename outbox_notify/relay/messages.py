@@ -17,6 +17,7 @@ from typing import Any
 from kombu import Exchange
 from kombu.utils import json as kombu_json
 
+from outbox_notify import compact
 from outbox_notify.exceptions import UndecodableMessage
 from outbox_notify.relay import fastjson
 from outbox_notify.relay.store import ClaimedRow
@@ -84,13 +85,13 @@ def _headers(spec: PublishSpec, context: dict[str, Any]) -> dict[str, Any]:
     return headers
 
 
-def _decode_v1(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
-    """Schema version 1: `options` is serialization.build_row's layout, args/kwargs kombu JSON."""
+def _task_message(row: ClaimedRow, now: dt.datetime, decode: SpecDecoder) -> OutgoingMessage:
+    """A task's message: `decode` reads its `options`; args/kwargs are kombu JSON."""
     options = _decode_json(row.options, "options")
     if not isinstance(options, dict):
         raise UndecodableMessage("options is not a JSON object")
     context = _decode_json(row.context, "context") if len(row.context) > 2 else {}
-    spec = decode_options(options)
+    spec = decode(options, row)
     try:
         expiration = expiration_seconds(spec.headers, now)
         body = _body(row, spec)
@@ -105,6 +106,14 @@ def _decode_v1(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
         plain=TYPE_TAG not in row.options,
         log_context=dict(context.get("structlog") or {}) if isinstance(context, dict) else {},
     )
+
+
+SpecDecoder = Callable[[dict[str, Any], ClaimedRow], PublishSpec]
+
+
+def _decode_v1(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Schema version 1: `options` is serialization.build_row's layout, everything recorded."""
+    return _task_message(row, now, lambda options, _: decode_options(options))
 
 
 def _decode_v2(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
@@ -190,11 +199,23 @@ def _decode_v3(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
     )
 
 
+def _compact_spec(options: dict[str, Any], row: ClaimedRow) -> PublishSpec:
+    return compact.decode_options(options, row.task_id, row.task_name)
+
+
+def _decode_v4(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:
+    """Schema version 4, a task in the compact layout (compact.py): what differs from the
+    defaults, the queue's declaration by name when the relay's app configures it so."""
+    return _task_message(row, now, _compact_spec)
+
+
 Decoder = Callable[[ClaimedRow, dt.datetime], OutgoingMessage]
 
 # One decoder per schema_version ever released, never removed (docs/install.md, "Adding a
 # schema version"); tests/integration/test_schema_versions.py publishes a frozen row of each.
-DECODERS: Mapping[int, Decoder] = MappingProxyType({1: _decode_v1, 2: _decode_v2, 3: _decode_v3})
+DECODERS: Mapping[int, Decoder] = MappingProxyType(
+    {1: _decode_v1, 2: _decode_v2, 3: _decode_v3, 4: _decode_v4}
+)
 
 
 def prepare(row: ClaimedRow, now: dt.datetime) -> OutgoingMessage:

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from outbox_notify import conf, metrics, observability, transport
+from outbox_notify import conf, metrics, observability, queues, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -55,6 +55,7 @@ def build_relay(
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
     transport.require(app)  # kombu would raise a bare KeyError or ImportError further down
+    queues.use_app(app)  # rows name the queues this app's configuration declares
     params = connection_kwargs(conf.database_alias())
     frontier = Frontier()  # where claims start; shared by every connection of this relay
     listener = None

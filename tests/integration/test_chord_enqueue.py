@@ -14,7 +14,7 @@ from django.db import transaction
 
 from outbox_notify import OutboxCelery, bulk, chords
 from outbox_notify.models import OutboxMessage
-from outbox_notify.serialization import BACKEND_CALLS_VERSION, DEFAULT_VERSION
+from outbox_notify.serialization import COMPACT_VERSION
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: what a commit or a rollback leaves in the table and in the backend.
@@ -52,7 +52,7 @@ def test_a_chord_enqueues_with_its_result_backend_down() -> None:
     assert len(rows) == 3
     group_id = result.parent.id
     for row in rows:
-        assert row.schema_version == BACKEND_CALLS_VERSION
+        assert row.schema_version == COMPACT_VERSION  # version 4 may carry backend_calls
         assert row.options["headers"]["group"] == group_id
         calls = {c["call"]: c["args"] for c in row.options["backend_calls"]}
         assert sorted(calls) == ["apply_chord", "set_chord_size"]  # Redis makes both
@@ -94,13 +94,13 @@ def test_a_header_of_groups_defers_apply_chord_too(redis_url: str, client: redis
         chord_app.backend.client.close()
 
 
-def test_plain_groups_and_tasks_keep_the_default_layout() -> None:
-    """Only chord headers need version 2; every other row stays readable by older relays."""
+def test_plain_groups_and_tasks_carry_no_backend_calls() -> None:
+    """Only chord headers carry result-backend calls; group members and tasks are plain."""
     _, mul = _app(UNREACHABLE)
     with transaction.atomic():
         group(mul.s(1), mul.s(2)).apply_async()
         mul.delay(3)
-    assert {row.schema_version for row in OutboxMessage.objects.all()} == {DEFAULT_VERSION}
+    assert {row.schema_version for row in OutboxMessage.objects.all()} == {COMPACT_VERSION}
     assert all("backend_calls" not in row.options for row in OutboxMessage.objects.all())
 
 

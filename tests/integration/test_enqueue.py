@@ -13,9 +13,10 @@ from celery import chain, chord, group
 from django.db import connections, transaction
 from django.test import override_settings
 
-from outbox_notify import OutboxCelery
+from outbox_notify import OutboxCelery, compact
 from outbox_notify.exceptions import SerializationError
-from outbox_notify.models import SCHEMA_VERSION, OutboxMessage
+from outbox_notify.models import OutboxMessage
+from outbox_notify.serialization import COMPACT_VERSION, PublishSpec
 from tests.celery_app import add, app
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "other"])
@@ -25,6 +26,13 @@ pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "othe
 
 def _options(row: OutboxMessage) -> dict[str, Any]:
     return dict(row.options)
+
+
+def _spec(row: OutboxMessage) -> PublishSpec:
+    """The message a relay publishes for the row (its stored options decoded)."""
+    return compact.decode_any(
+        row.options, task_id=row.task_id, task_name=row.task_name, schema_version=row.schema_version
+    )
 
 
 def test_delay_inside_atomic_writes_one_row_committed_with_the_transaction() -> None:
@@ -37,10 +45,10 @@ def test_delay_inside_atomic_writes_one_row_committed_with_the_transaction() -> 
     assert row.task_name == "tests.add"
     assert row.args == [2, 3]
     assert row.kwargs == {}
-    assert row.schema_version == SCHEMA_VERSION
+    assert row.schema_version == COMPACT_VERSION
     assert row.retries == 0
     assert row.retry_after is None
-    assert _options(row)["headers"]["id"] == result.id
+    assert _spec(row).headers["id"] == result.id
 
 
 def test_rollback_leaves_nothing() -> None:
@@ -117,8 +125,9 @@ def test_options_are_recorded_as_celery_would_send_them() -> None:
             shadow="add-shadow",
             ignore_result=True,
         )
-    options = _options(OutboxMessage.objects.get())
-    headers = options["headers"]
+    row = OutboxMessage.objects.get()
+    spec = _spec(row)
+    headers = spec.headers
     assert headers["x-tenant"] == "acme"
     assert headers["timelimit"] == [10, 5]
     assert headers["shadow"] == "add-shadow"
@@ -126,9 +135,9 @@ def test_options_are_recorded_as_celery_would_send_them() -> None:
     eta = dt.datetime.fromisoformat(headers["eta"])
     expires = dt.datetime.fromisoformat(headers["expires"])
     assert 290 <= (expires - eta).total_seconds() + 30 <= 310
-    assert options["properties"]["priority"] == 7
-    assert options["routing_key"] == "q-custom"
-    assert options["relative"] == {"countdown": 30.0, "expires": 300.0}
+    assert spec.properties["priority"] == 7
+    assert spec.routing_key == "q-custom"
+    assert _options(row)["relative"] == {"countdown": 30.0, "expires": 300.0}
 
 
 def test_canvas_writes_one_row_per_message_sent_now() -> None:

@@ -13,23 +13,24 @@ import pytest
 import redis
 
 from outbox_notify.app import RecordingProducer
+from outbox_notify.compact import build_row
 from outbox_notify.relay import fastjson, gates, messages
 from outbox_notify.relay.publisher import KombuPublisher, Result
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimedRow
-from outbox_notify.serialization import build_row
 from tests.celery_app import app
 
 
 def claimed(queue: Any, **options: Any) -> ClaimedRow:
-    """A row as the write side would have stored it for add(1, 2) routed to `queue`."""
+    """A row as the write side would have stored it for add(1, 2) routed to `queue` (the
+    compact layout: tests/integration/test_compact_rows.py shows version 1's gives the same)."""
     recorder = RecordingProducer()
     celery.Celery.send_task(
         app, "tests.add", (1, 2), {"k": "v"}, producer=recorder, queue=queue, **options
     )
     assert recorder.recorded is not None
     body, publish_kwargs = recorder.recorded
-    row = build_row(body, publish_kwargs, relative={}, context={})
+    row = build_row(body, publish_kwargs, app=app, relative={}, context={})
     return ClaimedRow(
         1,
         row.task_id,
@@ -39,7 +40,7 @@ def claimed(queue: Any, **options: Any) -> ClaimedRow:
         row.options,
         row.context,
         0,
-        1,
+        row.schema_version,
         dt.datetime.now(dt.UTC),
     )
 

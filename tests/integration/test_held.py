@@ -26,6 +26,7 @@ from outbox_notify.app import RecordingProducer
 from outbox_notify.models import OutboxMessage
 from outbox_notify.relay.frontier import Frontier
 from outbox_notify.relay.store import claimed_rows, connection_kwargs
+from outbox_notify.serialization import SCHEMA_VERSION
 from tests.celery_app import add, app
 from tests.integration.test_admin import (
     OUTBOX_LIST,
@@ -67,8 +68,10 @@ def _claim(query: str = NEW_CLAIM, limit: int = 100) -> list[str]:
 def _claimed(conn: psycopg.Connection[Any], query: str, limit: int) -> list[str]:
     """Task ids one claim takes, by this release's claim or the old one (a new relay's)."""
     if query is not NEW_CLAIM:
-        return [row[1] for row in conn.execute(query, {"limit": limit, "max_version": 1})]
-    records = conn.execute(query, claim_params(limit, max_version=1)).fetchall()
+        return [
+            row[1] for row in conn.execute(query, {"limit": limit, "max_version": SCHEMA_VERSION})
+        ]
+    records = conn.execute(query, claim_params(limit, max_version=SCHEMA_VERSION)).fetchall()
     rows, _, _ = claimed_rows(records, limit)
     return [row.task_id for row in rows]
 
@@ -162,7 +165,8 @@ def test_no_claim_takes_a_held_row_before_its_eta_old_relays_included() -> None:
         later = add.apply_async((1, 1), countdown=3600).id
         now = add.delay(2, 2).id
     assert _claim() == [now]
-    assert _claim(OLD_CLAIM) == [now]
+    # The released relay leaves every row of this release (schema version 4) to new relays.
+    assert _claim(OLD_CLAIM) == []
     assert later not in _claim() + _claim(OLD_CLAIM)
 
 
@@ -187,7 +191,7 @@ def test_peek_reports_the_next_held_row_for_the_relay_timer() -> None:
         add.apply_async((1, 1), countdown=30)
     with _session() as conn:
         claimable, due, next_due_in = conn.execute(
-            held.sql_files.queries()["peek"], {**Frontier().params(), "max_version": 1}
+            held.sql_files.queries()["peek"], {**Frontier().params(), "max_version": SCHEMA_VERSION}
         ).fetchone()
     assert (claimable, due) == (False, False)
     assert 28 < next_due_in <= 30

@@ -35,7 +35,8 @@ class _Rollback(Exception):
 
 def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
     import structlog
-    from celery import chain, chord
+    from celery import chain, chord, group
+    from kombu import Queue
 
     from tests.celery_app import add, fail, record
 
@@ -113,6 +114,25 @@ def _samples() -> list[tuple[str, Callable[[], Any], dict[str, Any]]]:
                 0
             ],
             {"args": [1, 1], "kwargs": {}},
+        ),
+        (
+            # Version 4 stores a queue declared only by the writer (not the one its
+            # configuration gives for that name) whole, as version 1 stored every queue.
+            "writer-queue",
+            lambda: add.apply_async(
+                (3, 4), queue=Queue(QUEUE, queue_arguments={"x-max-priority": 10})
+            ),
+            {"args": [3, 4], "kwargs": {}},
+        ),
+        (
+            # Version 4: a group member, its group id and index among the stored headers.
+            "group-member",
+            lambda: (
+                group(add.s(5, 6).set(queue=QUEUE), add.s(7, 8).set(queue=QUEUE))
+                .apply_async()
+                .results[1]
+            ),
+            {"args": [7, 8], "kwargs": {}, "headers": {"group_index": 1}},
         ),
         (
             # Version 3: a domain event (outbox_notify.events.publish), routed to the

@@ -31,6 +31,8 @@ RELEASED = {
     "tests/schema_rows/v1.json": "26d7e1e45498fdafc2be345f192c017b5eda8257558a73bfce226a2534e02fc1",
     "tests/schema_rows/v2.json": "ee296fa4a7c720cf2aa529e3eb5f23fb89739f4c714e4f2ee6844d5ca5d25a83",
     "tests/schema_rows/v3.json": "3aa16354b1ba552434de4782d316c7a34758ca3eb56240bc002f807f15773b3b",
+    # The compact layout of a task (unreleased: may still change).
+    "tests/schema_rows/v4.json": "da854585415037a9cb52b0793dd60d7fce039f4e4d7b34334dd2e8188061661a",
     "outbox_notify/migrations/0001_initial.py": "c4e53433b746550222622470e6806fcab928c14b72139c1902980b93fb702290",
     # State only (the models' Python defaults); runs no SQL.
     "outbox_notify/migrations/0002_model_defaults.py": "e17e4f6f6fa5a43e4edca979775381ea7048b4e3cd8bf48a6a1b0d559f09718e",
