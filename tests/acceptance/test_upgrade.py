@@ -60,9 +60,9 @@ RELAY_FLAGS = [
     # Redis paused for up to PAUSE_MS must not time a publish out: the LPUSH would still land
     # after the pause and the row be published again (an outage is retried). The stale timeout
     # is the shortest this send timeout allows, and longer than old relays stay frozen.
-    *("--send-timeout", "30", "--stale-timeout", "80"),
+    *("--send-timeout", "60", "--stale-timeout", "150"),
 ]
-PAUSE_MS = 25_000  # Redis writes paused at most this long (the test unpauses sooner)
+PAUSE_MS = 50_000  # Redis writes paused at most this long (the test unpauses sooner)
 HELD_FOR = 3.0  # seconds: the countdown of the writers' held tasks
 LONG_HELD_FOR = 30.0  # seconds: held rows that stay untouched across the migration
 STEP = 120.0  # seconds: a generous deadline for one step (a migrate, a relay's start)
@@ -397,6 +397,11 @@ def _txids(stage: Stage, task_ids: list[str]) -> dict[str, str]:
     return dict(stage.conn.execute(TXIDS, [task_ids]).fetchall())
 
 
+def _locked(stage: Stage) -> set[str]:
+    """Task ids of the rows some session's claim holds now."""
+    return {task_id for (task_id,) in stage.conn.execute(LOCKED)}
+
+
 def _checked_indexes(stage: Stage) -> set[str]:
     """The outbox table's indexes, each checked valid, ready and consistent with the rows."""
     stage.conn.execute("CREATE SCHEMA IF NOT EXISTS upgrade_amcheck")
@@ -483,7 +488,7 @@ def _migrate_during_a_claim(stage: Stage, new: Release) -> set[str]:
 
         def claim_held() -> Any:
             claims = stage.conn.execute(CLAIMS).fetchall()
-            held = {task_id for (task_id,) in stage.conn.execute(LOCKED)} if claims else set()
+            held = _locked(stage) if claims else set()
             return claims and held and (claims, held)
 
         claims, held = wait_for(claim_held, timeout=STEP, what="an old relay inside a claim")
@@ -518,8 +523,8 @@ def _check_migrated(stage: Stage, untouched: list[str]) -> None:
 
 
 def _old_relays_after_migration(stage: Stage, migrated_at: float) -> None:
-    """Only old relays run: they publish tasks written after the migration and retry the
-    failing ones (their UPDATE now stamps txid through the trigger)."""
+    """Only old relays run: they publish tasks written after the migration and retry failing
+    ones (each retry's UPDATE stamps the row with a transaction newer than the migration)."""
     migration = int(stage.scalar(MIGRATION_XID))
 
     def at_work() -> bool:
@@ -538,7 +543,7 @@ def _freeze(stage: Stage, relays: list[RelayProcess]) -> tuple[float, set[str]]:
     wait_for(lambda: all(_process_state(r.pid) == "T" for r in relays), what="SIGSTOP")
     stopped_at = time.time()
     time.sleep(0.5)  # a claim statement sent before the stop ends, and holds its rows
-    held = {task_id for (task_id,) in stage.conn.execute(LOCKED)}
+    held = _locked(stage)
     stage.note(f"old relays frozen, holding {len(held)} rows")
     return stopped_at, held
 
@@ -555,7 +560,9 @@ def _new_relay_alone(stage: Stage, old_relays: list[RelayProcess], migrating_at:
         def published_alone() -> bool:
             lines = stage.logged()
             fresh = _ids(lines, "ready", after=stopped_at)
-            wanted = (fresh | _ids(lines, "failing")) - frozen
+            # Not the rows a claim holds at this moment: a frozen relay's claim statement may
+            # have ended after `frozen` was read (the new relay's own claims end at once).
+            wanted = (fresh | _ids(lines, "failing")) - frozen - _locked(stage)
             return len(fresh) >= 20 and wanted <= stage.published().keys()
 
         wait_for(
@@ -681,7 +688,9 @@ def test_0005_keeps_every_row_and_migrating_back_restores_0004_with_rows_present
     stage.writer(new, "writer-new-after", once=True)
     stage.writer(old, "writer-old-after", once=True)
     later = sorted(_ids(stage.logged("writer-*-after"), "failing"))
-    assert all(int(x) > int(migration) for x in _txids(stage, later).values())
+    stamped = _txids(stage, later).values()
+    assert len(stamped) == len(later) == 6
+    assert all(int(x) > int(migration) for x in stamped)
     # An UPDATE (a relay rescheduling a failed publish) stamps the updating transaction.
     with stage.conn.transaction():
         updater = stage.scalar("SELECT xid(pg_current_xact_id())::text")
