@@ -10,6 +10,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.procs import BenchError
@@ -50,18 +51,28 @@ def ensure() -> Path:
     if STAMP.exists() and STAMP.read_text() == _fingerprint() and python().exists():
         return python()
     print(f"bench: preparing {VENV.name}/ (one-time pip install)", file=sys.stderr, flush=True)
+    build(VENV, REQUIREMENTS)
+    STAMP.write_text(_fingerprint())
+    return python()
+
+
+def build(venv: Path, pip_args: Sequence[str], *, upgrade_pip: bool = True) -> Path:
+    """A venv at `venv` on this interpreter's Python, `pip install`ing `pip_args`; its python.
+
+    pip keeps its cache (no --no-cache-dir): wheels the current environment was installed from
+    are reused. tests/acceptance/test_upgrade.py builds the previous release's venv with it.
+    """
     base = getattr(sys, "_base_executable", sys.executable)
-    steps = [
-        [base, "-m", "venv", str(VENV)],
-        [str(python()), "-m", "pip", "install", "--quiet", "--upgrade", "pip"],
-        [str(python()), "-m", "pip", "install", "--quiet", *REQUIREMENTS],
-    ]
+    venv_python = venv / "bin" / "python"
+    steps = [[base, "-m", "venv", str(venv)]]
+    if upgrade_pip:
+        steps.append([str(venv_python), "-m", "pip", "install", "--quiet", "--upgrade", "pip"])
+    steps.append([str(venv_python), "-m", "pip", "install", "--quiet", *pip_args])
     for argv in steps:
         done = subprocess.run(argv, check=False, timeout=INSTALL_TIMEOUT)
         if done.returncode != 0:
-            raise BenchError(f"creating the benchmark venv failed at: {' '.join(argv)}")
-    STAMP.write_text(_fingerprint())
-    return python()
+            raise BenchError(f"creating the venv {venv} failed at: {' '.join(argv)}")
+    return venv_python
 
 
 def reexec(argv: list[str]) -> None:

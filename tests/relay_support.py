@@ -56,14 +56,26 @@ def run_python(script: str, env: dict[str, Any], *args: str, timeout: float = 12
 
 
 class RelayProcess:
-    """A `manage.py outbox_listen` (or `outbox_sweep`) subprocess with captured output."""
+    """A `manage.py outbox_listen` (or `outbox_sweep`) subprocess with captured output.
 
-    def __init__(self, command: str, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    `python` and `cwd`: another release's interpreter and project (tests/acceptance/test_upgrade.py).
+    """
+
+    def __init__(
+        self,
+        command: str,
+        args: list[str],
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        python: str | Path = sys.executable,
+        cwd: Path = ROOT,
+    ) -> None:
         self.log_path = log_path
         self.log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", command, *args],
-            cwd=ROOT,
+            [str(python), "-m", "django", command, *args],
+            cwd=cwd,
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,

@@ -24,13 +24,14 @@
 -- primary key instead of the dropped "ready now" index: slower, not wrong).
 --
 -- ALTER TABLE and CREATE INDEX (not CONCURRENTLY: migrations run in a transaction) block
--- writes to the outbox while they run, which a drained outbox makes short.
+-- writes to the outbox while they run, which a drained outbox makes short. Adding the column
+-- rewrites no row: its default is stable, so PostgreSQL evaluates it once, here, and keeps the
+-- value for the rows already present (the migration's own transaction id, as an UPDATE of
+-- every row would set, without the UPDATE's time under the lock and dead copy of each row).
+-- Rows written later evaluate the default as they are inserted.
 
-ALTER TABLE outbox_notify_message_v1 ADD COLUMN txid xid8;
-UPDATE outbox_notify_message_v1 SET txid = pg_current_xact_id();
 ALTER TABLE outbox_notify_message_v1
-    ALTER COLUMN txid SET DEFAULT pg_current_xact_id(),
-    ALTER COLUMN txid SET NOT NULL;
+    ADD COLUMN txid xid8 NOT NULL DEFAULT pg_current_xact_id();
 
 CREATE OR REPLACE FUNCTION outbox_notify_restamp_v1() RETURNS trigger
     LANGUAGE plpgsql

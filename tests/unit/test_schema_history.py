@@ -46,7 +46,7 @@ RELEASED = {
     "outbox_notify/migrations/0004_inbox.py": "7620fa330c55b32293bc325ed2b23a9a3950df3dbb51bb88b6d4dce16b8db722",
     # Claims from the relay's frontier: txid, its restamping trigger, the indexes it reads
     # (unreleased: may still change).
-    "sql/migrations/0005_frontier.sql": "a5e79fceb3a2f2af42a9b811c58315d7c34e3c6c58f26a7db169550a81659646",
+    "sql/migrations/0005_frontier.sql": "9fe137f57703818c945007beb08ec67728b162342d7439f07113d2325c624818",
     "sql/migrations/0005_frontier.reverse.sql": "b0c4c721ed1f77b11eaad59591b42344e399d454ad6b95176f9d36d6eb6827f1",
     "outbox_notify/migrations/0005_frontier.py": "4400146723aed96ffad6d3cb4fc5ff3a2609405a7f23267473b5600e282cd614",
 }
