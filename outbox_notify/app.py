@@ -112,9 +112,13 @@ class OutboxCelery(celery.Celery):
         """Canvas fan-out (group, chunks, chords' headers) collects its rows and writes them once.
 
         Celery's group publishes all its members inside one `producer_or_acquire()` block;
-        here that block is a bulk collection, so a group of N tasks is one INSERT.
+        here that block is a bulk collection, so a group of N tasks is one INSERT. A group
+        sent inside that block (its members hand it their GroupProducer) is a nested fan-out,
+        whose rows join the outer one's (batching.for_group).
         """
-        if producer is not None or self.conf.task_always_eager:
+        if self.conf.task_always_eager or not (
+            producer is None or isinstance(producer, batching.GroupProducer)
+        ):
             return super().producer_or_acquire(producer)
         return batching.for_group(self)
 
