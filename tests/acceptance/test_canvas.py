@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import celery
 import pytest
 import redis
 from celery import chain, chord, group
@@ -41,6 +42,19 @@ SETTLE = 1.0  # seconds to wait for a callback that must not run again
 FAST = ["--sweep-interval", "1"]
 
 Build = Callable[[Tasks, str], Any]
+
+# Celery releases before 5.7 (5.3.6, the oldest supported, checked) never resolve a group
+# whose only member is a chain ending in a group, nor a chain of one group: a plain app's
+# get() times out as well (Celery's own integration tests mark the second "Task is timeout").
+# There the tests show only that; a short wait is enough to see the plain app give nothing.
+CELERY_RESOLVES_NESTED_GROUPS = celery.VERSION >= (5, 7)
+NESTED_DEADLINE = DEADLINE if CELERY_RESOLVES_NESTED_GROUPS else 5.0  # seconds
+OLD_CELERY_CANNOT = pytest.mark.xfail(
+    not CELERY_RESOLVES_NESTED_GROUPS,
+    reason="this Celery release's own client never resolves this canvas",
+    raises=AssertionError,
+    strict=True,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -122,18 +136,25 @@ def sides(django_db_setup: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         client.close()
 
 
-def outcome(result: Any) -> tuple[Any, ...]:
+def outcome(result: Any, deadline: float = DEADLINE) -> tuple[Any, ...]:
     """What waiting on a canvas's result gives: its kind of result and the value, or the error."""
     kind = type(result).__name__
     try:
-        return (kind, "value", result.get(timeout=DEADLINE))
+        return (kind, "value", result.get(timeout=deadline))
     except CeleryTimeout:
         return (kind, "timed out")
     except Exception as exc:
         return (kind, "raised", type(exc).__name__)
 
 
-def assert_same(sides: Sides, build: Build, *, echoes: bool = False, atomic: bool = True) -> Any:
+def assert_same(
+    sides: Sides,
+    build: Build,
+    *,
+    echoes: bool = False,
+    atomic: bool = True,
+    deadline: float = DEADLINE,
+) -> Any:
     """Run `build` on both sides; the outbox side must give what the plain side gives.
 
     With `echoes`, the canvas's callbacks push to a Redis list (the key `build` is given);
@@ -145,7 +166,7 @@ def assert_same(sides: Sides, build: Build, *, echoes: bool = False, atomic: boo
             "plain": sides.plain.apply(build, keys["plain"]),
             "outbox": sides.outbox.apply(build, keys["outbox"], atomic=atomic),
         }
-        expected = outcome(results["plain"])
+        expected = outcome(results["plain"], deadline)
         assert expected[1] != "timed out", (
             f"the plain Celery app gave no result: {expected}\n"
             f"--- plain worker ---\n{sides.plain.worker.output()[-4000:]}"
@@ -176,11 +197,16 @@ def assert_same_echoes(sides: Sides, keys: dict[str, str]) -> None:
     assert echoed("outbox") == echoed("plain")
 
 
+@OLD_CELERY_CANNOT
 def test_a_group_of_one_chain_that_ends_in_a_group_gives_the_inner_groups_results(
     sides: Sides,
 ) -> None:
     """group(a | group(b, c)) resolves to the inner group's results, Celery's special case."""
-    assert_same(sides, lambda t, _: group(t.add.s(1, 2) | group(t.add.s(1), t.add.s(2))))
+    assert_same(
+        sides,
+        lambda t, _: group(t.add.s(1, 2) | group(t.add.s(1), t.add.s(2))),
+        deadline=NESTED_DEADLINE,
+    )
 
 
 def test_a_group_with_a_chain_that_ends_in_a_group_gives_nested_results(sides: Sides) -> None:
@@ -195,9 +221,14 @@ def test_a_group_with_a_chain_that_ends_in_a_group_gives_nested_results(sides: S
     )
 
 
+@OLD_CELERY_CANNOT
 def test_a_lone_group_in_a_chain_completes(sides: Sides) -> None:
     """chain(group(a, b)) gives the group's results."""
-    assert_same(sides, lambda t, _: chain(group(t.identity.s(42), t.identity.s(42))))
+    assert_same(
+        sides,
+        lambda t, _: chain(group(t.identity.s(42), t.identity.s(42))),
+        deadline=NESTED_DEADLINE,
+    )
 
 
 def test_a_group_in_the_middle_and_at_the_end_of_chains(sides: Sides) -> None:
