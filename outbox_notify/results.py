@@ -22,6 +22,7 @@ before the subscription) still resolves, from the stored result.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import threading
 import weakref
@@ -69,10 +70,13 @@ class Deferred:
         self.backend = backend
         self.subscribe = subscribe  # the backend's own add_pending_result
         self.collector = collector
-        self.lock = threading.Lock()
         # In Celery's order: (weak reference to the result, whether Celery asked for a weak
         # subscription). Replayed in that order, they subscribe exactly as Celery would have.
-        self.kept: list[tuple[weakref.ref[Any], bool]] = []
+        # keep() only appends (atomic on a deque, so no lock per group member); taking
+        # entries out (flush, prune) holds the lock, so a flush never misses one that a
+        # prune is moving.
+        self.kept: collections.deque[tuple[weakref.ref[Any], bool]] = collections.deque()
+        self.lock = threading.Lock()
         self.prune_at = self.PRUNE_AT
 
     def enqueueing(self) -> bool:
@@ -81,30 +85,36 @@ class Deferred:
 
     def keep(self, result: Any, weak: bool) -> Any:
         """Remember to subscribe `result` later (weakly held: a dropped result is never awaited)."""
-        with self.lock:
-            self.kept.append((weakref.ref(result), weak))
-            if len(self.kept) >= self.prune_at:
-                self._prune()
+        kept = self.kept
+        kept.append((weakref.ref(result), weak))
+        if len(kept) >= self.prune_at:
+            self._prune()
         return result
 
     def _prune(self) -> None:
-        self.kept = [entry for entry in self.kept if entry[0]() is not None]
-        # Results still held (a long bulk block's): prune again only after as many more.
-        self.prune_at = max(self.PRUNE_AT, 2 * len(self.kept))
+        with self.lock:
+            kept = self.kept
+            for _ in range(len(kept)):
+                entry = kept.popleft()
+                if entry[0]() is not None:
+                    kept.append(entry)
+            # Results still held (a long bulk block's): prune again only after as many more.
+            self.prune_at = max(self.PRUNE_AT, 2 * len(kept))
 
     def flush(self) -> None:
         """Make every kept subscription whose result is still alive, then catch up on results."""
         if not self.kept:
             return
-        with self.lock:
-            kept, self.kept = self.kept, []
-            self.prune_at = self.PRUNE_AT
         results = []
-        for ref, weak in kept:
-            result = ref()
-            if result is not None:
-                self.subscribe(result, weak=weak)
-                results.append(result)
+        with self.lock:
+            kept = self.kept
+            while kept:
+                ref, weak = kept.popleft()
+                result = ref()
+                if result is not None:
+                    self.subscribe(result, weak=weak)
+                    results.append(result)
+            self.prune_at = self.PRUNE_AT
         self._catch_up(results)
 
     def _catch_up(self, results: list[Any]) -> None:
