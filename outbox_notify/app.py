@@ -12,6 +12,7 @@ import celery
 from celery import signals as celery_signals
 from celery.result import AsyncResult
 from django.core import checks as django_checks
+from kombu.utils.objects import cached_property
 
 from outbox_notify import (
     batching,
@@ -21,6 +22,7 @@ from outbox_notify import (
     held,
     instrumentation,
     observability,
+    results,
     serialization,
     templates,
     transport,
@@ -96,7 +98,6 @@ class OutboxCelery(celery.Celery):
     def _get_backend(self) -> Any:
         backend = super()._get_backend()  # type: ignore[misc]
         on_task_call = backend.on_task_call
-        add_pending_result = getattr(backend, "add_pending_result", None)
 
         def skip_while_recording(producer: Any, task_id: str) -> Any:
             # Result backends (Redis) subscribe to the result when a task is sent. At enqueue
@@ -105,30 +106,32 @@ class OutboxCelery(celery.Celery):
                 return None
             return on_task_call(producer, task_id)
 
-        def skip_while_collecting(result: Any, *args: Any, **kwargs: Any) -> Any:
-            # group() subscribes every member's result for its barrier (`res.then`): that
-            # is the network, inside the caller's transaction, and it would outlive a
-            # rollback. The barrier only serves GroupResult.then(), which needs a running
-            # result drainer; get()/join() ask the backend themselves.
-            if batching.active() is not None or chords.replaying():
-                return None
-            return add_pending_result(result, *args, **kwargs)  # type: ignore[misc]
-
         backend.on_task_call = skip_while_recording
-        if add_pending_result is not None:
-            backend.add_pending_result = skip_while_collecting
+        # Celery subscribes to results as it sends a group or builds a group's result: those
+        # subscriptions are kept until something waits (results.py).
+        results.defer(backend, collector=batching.active, replaying=chords.replaying)
         # A chord's size (and a header of groups) goes to the backend from the relay, just
         # before the header's tasks are published (chords.py).
         chords.wrap(backend, recording=lambda: batching.active() is not None)
         return backend
 
+    @cached_property
+    def GroupResult(self) -> Any:
+        """Celery's group result class for this app; its barrier's subscriptions are kept until
+        something waits (results.py)."""
+        return self.subclass_with_self(results.GroupResult)
+
     def producer_or_acquire(self, producer: Any = None) -> Any:
         """Canvas fan-out (group, chunks, chords' headers) collects its rows and writes them once.
 
         Celery's group publishes all its members inside one `producer_or_acquire()` block;
-        here that block is a bulk collection, so a group of N tasks is one INSERT.
+        here that block is a bulk collection, so a group of N tasks is one INSERT. A group
+        sent inside that block (its members hand it their GroupProducer) is a nested fan-out,
+        whose rows join the outer one's (batching.for_group).
         """
-        if producer is not None or self.conf.task_always_eager:
+        if self.conf.task_always_eager or not (
+            producer is None or isinstance(producer, batching.GroupProducer)
+        ):
             return super().producer_or_acquire(producer)
         return batching.for_group(self)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from django.db import transaction
 
-from outbox_notify import chords, writeconf
+from outbox_notify import chords, serialization, writeconf
 from outbox_notify.rows import insert_rows
 from outbox_notify.serialization import OutboxRow
 
@@ -59,6 +59,10 @@ class Collector:
     background: bool = False
     rows: list[OutboxRow] = dataclasses.field(default_factory=list)
     written: int = 0
+    # A group's fan-out (for_group): rows of nested fan-outs join it; these are the spans of
+    # its rows (start, end) that carry a chord's result-backend calls (chords.py).
+    fan_out: bool = False
+    spans: list[tuple[int, int, list[dict[str, Any]]]] = dataclasses.field(default_factory=list)
 
     def add(self, row: OutboxRow) -> None:
         """Keep a validated row; write a batch once `batch_size` rows wait."""
@@ -105,23 +109,49 @@ def bulk(
 def for_group(app: Any) -> Iterator[GroupProducer]:
     """Celery's group fan-out: collect its rows, then join the running bulk block or write them.
 
-    The group's rows are kept together until the fan-out ends, so a chord's header rows all
-    carry the result-backend calls recorded while it was applied (chords.py).
+    A group sent inside another group's fan-out (a chord in a group, a chord's header holding
+    a chord) adds its rows to that fan-out. The rows are kept together until the outermost
+    fan-out ends, so each chord's header rows all carry its result-backend calls (chords.py).
     """
     outer = _active.get()
+    if outer is not None and outer.fan_out:
+        start = len(outer.rows)
+        with chords.fan_out() as current:
+            yield GroupProducer()
+        calls = chords.calls_of(current)
+        if calls:
+            outer.spans.append((start, len(outer.rows), calls))
+        return
     alias = outer.alias if outer is not None else writeconf.current().alias
-    collector = Collector(alias=alias, app=app, batch_size=2**62)
+    collector = Collector(alias=alias, app=app, batch_size=2**62, fan_out=True)
     token = _active.set(collector)
     try:
-        yield GroupProducer()
-    except BaseException:
-        chords.discard()
-        raise
+        with chords.fan_out() as current:
+            yield GroupProducer()
+        calls = chords.calls_of(current)
+        if calls:
+            collector.spans.append((0, len(collector.rows), calls))
     finally:
         _active.reset(token)
-    collector.rows = chords.attach(collector.rows)
+        chords.discard()
+    rows = _with_calls(collector)
     if outer is None:
+        collector.rows = rows
         collector.flush()
         return
-    for row in collector.rows:
+    for row in rows:
         outer.add(row)
+
+
+def _with_calls(collector: Collector) -> list[OutboxRow]:
+    """The fan-out's rows, each carrying the calls of every span it is in (once per row)."""
+    if not collector.spans:
+        return collector.rows
+    calls: dict[int, list[dict[str, Any]]] = {}
+    for start, end, span_calls in collector.spans:
+        for index in range(start, end):
+            calls.setdefault(index, []).extend(span_calls)
+    return [
+        serialization.with_backend_calls(row, calls[index]) if index in calls else row
+        for index, row in enumerate(collector.rows)
+    ]

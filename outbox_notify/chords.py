@@ -11,6 +11,13 @@ older than this layout leave alone). The relay makes each call before it publish
 that carry it (relay/chords.py), once per chord and relay process, and again after a restart
 (both calls only set the same keys again).
 
+The header rows are every row its group's fan-out wrote (batching.for_group): the header's
+own tasks, and the first task of each chain, group or chord in it, whose later tasks only a
+worker sends, once that first one has run. So no task that can complete a part of the chord
+runs before the relay has made its calls. A chord's header is the fan-out in which Celery set
+its size (`set_chord_size`, called for every chord, also where it does nothing); a fan-out
+nested in another one (a chord inside a chord's header) also carries the outer one's calls.
+
 Which calls move: `set_chord_size` wherever a backend implements it (Celery's Redis backend;
 Celery's base class does nothing), and `apply_chord` of the Redis backends and of the key-value
 backends whose chords count with INCR (cache/memcached, DynamoDB, GCS...), whose writes are
@@ -22,9 +29,10 @@ transaction when it shares the outbox's database, and not idempotently) is not r
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable, Sequence
-from json.encoder import encode_basestring_ascii
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery.backends.base import Backend, BaseKeyValueStoreBackend
@@ -53,7 +61,11 @@ def wrap(backend: Any, recording: Callable[[], bool]) -> None:
     sizes = getattr(set_chord_size, "__func__", None) is not Backend.set_chord_size
 
     def deferred_set_chord_size(group_id: str, chord_size: int) -> Any:
-        if not sizes or not recording():
+        fan_out = _fan_out.get()
+        if fan_out is None or not recording():
+            return set_chord_size(group_id, chord_size)
+        fan_out.headers.append(group_id)  # this fan-out is the chord's header
+        if not sizes:
             return set_chord_size(group_id, chord_size)  # Celery's own does nothing
         _record(group_id, SET_CHORD_SIZE, [group_id, chord_size], {})
         return None
@@ -110,28 +122,40 @@ def _record(group_id: str, call: str, args: list[Any], kwargs: dict[str, Any]) -
     recorded.setdefault(group_id, []).append(entry)
 
 
-def attach(rows: Sequence[serialization.OutboxRow]) -> list[serialization.OutboxRow]:
-    """The rows of a fan-out, each header row carrying its chord's recorded calls.
+@dataclasses.dataclass(kw_only=True)
+class FanOut:
+    """One group's fan-out while it is collected: the chords whose header it is."""
 
-    Calls whose group has no row here (a chord whose header failed to enqueue) are dropped.
-    """
+    headers: list[str] = dataclasses.field(default_factory=list)
+
+
+_fan_out: contextvars.ContextVar[FanOut | None] = contextvars.ContextVar(
+    "outbox_notify_fan_out", default=None
+)
+
+
+@contextlib.contextmanager
+def fan_out() -> Iterator[FanOut]:
+    """Mark a group's fan-out (batching.for_group) as the one running here, for its duration."""
+    current = FanOut()
+    token = _fan_out.set(current)
+    try:
+        yield current
+    finally:
+        _fan_out.reset(token)
+
+
+def calls_of(current: FanOut) -> list[dict[str, Any]]:
+    """Take the recorded calls of the chords whose header `current` was, for its rows."""
     recorded = _recorded.get()
     if not recorded:
-        return list(rows)
-    _recorded.set(None)
-    markers = {
-        f'"group": {encode_basestring_ascii(group_id)}': calls
-        for group_id, calls in recorded.items()
-    }
-    attached = []
-    for row in rows:
-        calls = [c for marker, group in markers.items() if marker in row.options for c in group]
-        attached.append(serialization.with_backend_calls(row, calls) if calls else row)
-    return attached
+        return []
+    return [call for group_id in current.headers for call in recorded.pop(group_id, ())]
 
 
 def discard() -> None:
-    """Forget recorded calls (the fan-out that would carry them raised)."""
+    """Forget recorded calls: the fan-out that would carry them raised, or the outermost one
+    ended (a call no fan-out took belongs to no row: a chord whose header failed to enqueue)."""
     _recorded.set(None)
 
 

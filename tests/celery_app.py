@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from outbox_notify import OutboxCelery
+from tests.canvas_tasks import register as register_canvas_tasks
 
 app = OutboxCelery("tests")
 app.conf.update(
@@ -61,3 +62,7 @@ def record_direct(*args: object, **kwargs: object) -> str:
 
     record_execution(args, kwargs)
     return "recorded"
+
+
+# The canvas tests' tasks; tests/plain_canvas.py makes the same ones on a plain Celery app.
+canvas = register_canvas_tasks(app)

@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 import pytest
 
 from devtools import pgserver
-from devtools.process import stop_process
 
 pytest_plugins = ["pytester"]
 
@@ -115,6 +114,11 @@ def queue_name() -> str:
 @pytest.fixture
 def subprocess_env() -> dict[str, Any]:
     """Environment for relay/worker subprocesses: same server, this run's test database."""
+    return subprocess_environment()
+
+
+def subprocess_environment() -> dict[str, Any]:
+    """The subprocess_env fixture's value, for fixtures of a wider scope (after django_db_setup)."""
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["OUTBOX_TEST_DB_NAME"] = os.environ.get("OUTBOX_TEST_DB_NAME_DEFAULT", "")
@@ -186,44 +190,20 @@ def private_redis() -> Iterator[Any]:
 @pytest.fixture
 def start_worker(relay_env: dict[str, Any], tmp_path: Any) -> Iterator[Any]:
     """Start a real Celery worker on the given queue; it records executions to a JSON-lines file."""
-    import subprocess
-    import sys
+    from tests.relay_support import WorkerProcess
 
-    started: list[tuple[subprocess.Popen[bytes], Any]] = []
+    started: list[WorkerProcess] = []
 
     def start(queue: str, env: dict[str, Any] | None = None) -> Any:
         record_file = tmp_path / f"executions-{len(started)}.jsonl"
-        log_file = (tmp_path / f"worker-{len(started)}.log").open("ab")
         worker_env = dict(env or relay_env, OUTBOX_TEST_RECORD_FILE=str(record_file))
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_app",
-                "worker",
-                "-Q",
-                queue,
-                "--pool",
-                "solo",
-                "--without-heartbeat",
-                "--without-mingle",
-                "--without-gossip",
-                "--loglevel",
-                "info",
-            ],
-            env=worker_env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-        started.append((proc, log_file))
+        log_path = tmp_path / f"worker-{len(started)}.log"
+        started.append(WorkerProcess("tests.celery_app", queue, worker_env, log_path))
         return record_file
 
     yield start
-    for proc, log_file in started:
-        stop_process(proc, timeout=20)
-        log_file.close()
+    for worker in started:
+        worker.stop()
 
 
 @pytest.fixture

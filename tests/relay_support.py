@@ -15,6 +15,8 @@ from typing import Any
 
 import redis
 
+from devtools.process import stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE = 60.0  # seconds: generous, these tests wait for events, they do not time them
 
@@ -106,6 +108,49 @@ class RelayProcess:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(timeout=15)
+        finally:
+            self.log.close()
+
+
+class WorkerProcess:
+    """A real Celery worker subprocess (`celery -A APP worker`, solo pool) on one queue."""
+
+    STOP_TIMEOUT = 20.0  # seconds for a warm shutdown before SIGKILL
+
+    def __init__(self, app: str, queue: str, env: dict[str, Any], log_path: Path) -> None:
+        self.log_path = log_path
+        self.log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                app,
+                "worker",
+                "-Q",
+                queue,
+                "--pool",
+                "solo",
+                "--without-heartbeat",
+                "--without-mingle",
+                "--without-gossip",
+                "--loglevel",
+                "info",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Stop the worker (SIGTERM, then SIGKILL) and close its log."""
+        try:
+            stop_process(self.proc, timeout=self.STOP_TIMEOUT)
         finally:
             self.log.close()
 

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
-from celery import chord, group
+from celery import chain, chord, group
 from celery.backends.cache import CacheBackend
 from django.db import transaction
 
@@ -143,3 +143,50 @@ def test_an_unknown_apply_chord_stays_at_the_call() -> None:
         result = chord([mul.s(1, 1)])(mul.s(10))
     assert OwnChordBackend.applied == [result.parent.id]
     assert all("backend_calls" not in row.options for row in OutboxMessage.objects.all())
+
+
+def _calls(row: OutboxMessage) -> list[tuple[str, list[Any]]]:
+    return [(c["call"], c["args"]) for c in row.options.get("backend_calls", [])]
+
+
+def test_a_chord_whose_header_is_a_chain_carries_its_calls_on_the_chains_first_row() -> None:
+    """A chain in a chord's header is written as its first task, with no group in its headers
+    (the chain's last task joins the chord, from a worker): that row carries the calls."""
+    _, mul = _app(UNREACHABLE)
+    with transaction.atomic():
+        result = chord([chain(mul.s(1, 1), mul.s(2))])(mul.s(10))
+    (row,) = OutboxMessage.objects.all()
+    assert row.options["headers"]["group"] is None
+    assert ("set_chord_size", [result.parent.id, 1]) in _calls(row)
+
+
+def test_a_chord_in_a_chords_header_carries_both_chords_calls() -> None:
+    """The inner chord's header rows carry its calls and the outer chord's (the inner body,
+    sent by a worker later, completes the outer chord's part); the others only the outer's."""
+    _, mul = _app(UNREACHABLE)
+    with transaction.atomic():
+        result = chord([chord([mul.s(1, 1), mul.s(2, 2)], mul.s(3)), mul.s(4, 4)])(mul.s(10))
+    outer = result.parent.id
+    rows = {row.args[0]: row for row in OutboxMessage.objects.all()}
+    inner = rows[1].options["headers"]["group"]
+    sizes = {
+        n: sorted(args for call, args in _calls(row) if call == "set_chord_size")
+        for n, row in rows.items()
+    }
+    assert sizes == {
+        1: sorted([[inner, 2], [outer, 2]]),
+        2: sorted([[inner, 2], [outer, 2]]),
+        4: [[outer, 2]],
+    }
+
+
+def test_chords_in_a_group_carry_only_their_own_calls() -> None:
+    """A group of chords: each chord's header rows carry that chord's calls and no other's."""
+    _, mul = _app(UNREACHABLE)
+    with transaction.atomic():
+        group(chord([mul.s(n, 1), mul.s(n, 2)], mul.s(10)) for n in range(3)).apply_async()
+    rows = list(OutboxMessage.objects.all())
+    assert len(rows) == 6
+    for row in rows:
+        own = row.options["headers"]["group"]
+        assert {args[0] for _, args in _calls(row)} == {own}
