@@ -43,6 +43,8 @@ import redis
 
 from devtools import pgserver
 from outbox_notify import sql
+from outbox_notify.relay.frontier import Frontier
+from outbox_notify.serialization import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
@@ -206,7 +208,8 @@ def drain(url: str, client: redis.Redis, rows: int, held: int, rounds: int) -> d
 
 def _plans(url: str, held: int) -> dict[str, list[str]]:
     # The ready rows stay uncommitted, so the running relay never sees them.
-    params = {"limit": 100, "max_version": 1}
+    # A new relay's frontier: the claim reads the ready rows from the start of the table.
+    params = {**Frontier().params(), "limit": 100, "max_version": SCHEMA_VERSION}
     plans: dict[str, list[str]] = {}
     new = sql.queries()["claim_batch"]
     for name, query in (("claim_batch", new), ("claim of earlier releases", OLD_CLAIM)):

@@ -235,7 +235,7 @@ def test_wheel_installs_migrates_and_notifies(
     )
     module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=project, env=env).split()
     assert Path(module_file).is_relative_to(python.parent.parent)
-    assert tables == "3"
+    assert tables == "4"  # messages, dead letters, inbox, frontier
     assert {"claim_batch", "insert_message"} <= set(queries.split(","))
 
     with _connect(pg_server_url, wheel_database) as conn:
@@ -243,9 +243,10 @@ def test_wheel_installs_migrates_and_notifies(
             "SELECT to_regclass('outbox_notify_message_v1') IS NOT NULL,"
             " to_regclass('outbox_notify_dead_letter_v1') IS NOT NULL,"
             " to_regclass('outbox_notify_inbox_v1') IS NOT NULL,"
+            " to_regclass('outbox_notify_frontier_v1') IS NOT NULL,"
             " (SELECT tgenabled::text FROM pg_trigger WHERE tgname = 'outbox_notify_wake_v1')"
         ).fetchone()
-    assert found == (True, True, True, "O")
+    assert found == (True, True, True, True, "O")
     # A pip install has no sql/ folder: `python -m outbox_notify.sql` prints the packaged files.
     listed = _run([str(python), "-m", "outbox_notify.sql"], cwd=python.parent, env=env).split()
     assert set(SQL_FILES) <= set(listed)
