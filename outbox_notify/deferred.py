@@ -50,11 +50,13 @@ raised there.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+import structlog.stdlib
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -438,7 +440,7 @@ def available(connection: BaseDatabaseWrapper) -> bool:
     if problem is None:
         if _DEFERRED not in _announced:
             _announced.add(_DEFERRED)
-            log.info(
+            _announcer().info(
                 "outbox.deferred_rows_available",
                 reason=_why_deferred(),
                 path="deferred",
@@ -447,13 +449,27 @@ def available(connection: BaseDatabaseWrapper) -> bool:
         return True
     if problem not in _announced:
         _announced.add(problem)
-        log.warning(
+        _announcer().warning(
             "outbox.deferred_rows_unavailable",
             reason=problem,
             path="at_call",
             database=connection.alias,
         )
     return False
+
+
+def _announcer() -> Any:
+    """Where the path is logged: through the project's structlog configuration if it has one;
+    else to the standard `logging` logger `outbox_notify`. structlog left unconfigured would
+    print on the stdout of the user's own process (a shell, a script, a web server) at its
+    first enqueue; an unconfigured `logging` shows only the warning (on stderr)."""
+    if structlog.is_configured():
+        return log
+    return structlog.wrap_logger(
+        logging.getLogger("outbox_notify"),
+        processors=[structlog.processors.KeyValueRenderer(key_order=["event"])],
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )
 
 
 def _why_deferred() -> str:
