@@ -292,7 +292,7 @@ def format_text(stats: OutboxStats) -> str:
         f"claims_open            {stats.claims_open}",
         f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
         f"dead_rows              {stats.dead_rows}",
-        f"oldest_snapshot        {_holder_text(stats.oldest_snapshot)}",
+        f"oldest_snapshot        {holder_text(stats.oldest_snapshot)}",
         *held.as_text(stats.scheduled),
         *_events_text(stats),
         f"top_failing{' (sample)' if mark('top_failing') else ''}:",
@@ -304,7 +304,7 @@ def format_text(stats: OutboxStats) -> str:
     return "\n".join(lines)
 
 
-def _holder_text(holder: SnapshotHolder | None) -> str:
+def holder_text(holder: SnapshotHolder | None) -> str:
     """The oldest snapshot holding dead rows back, as one line (or 'none visible')."""
     if holder is None:
         return "none visible"

@@ -295,3 +295,34 @@ WHERE id > %(after)s
   AND (%(error)s::text IS NULL OR strpos(lower(failure_reason), lower(%(error)s::text)) > 0)
 ORDER BY id
 LIMIT %(page)s;
+
+-- name: outbox_indexes
+-- The outbox table's indexes with their size, for outbox_reindex. `leftover` marks an invalid
+-- index that an interrupted REINDEX INDEX CONCURRENTLY left behind (named ..._ccnew or
+-- ..._ccold): it costs every write and is dropped before anything is rebuilt.
+SELECT n.nspname AS schema, c.relname AS name, pg_relation_size(c.oid) AS bytes,
+       NOT i.indisvalid AND c.relname ~ '_cc(new|old)[0-9]*$' AS leftover,
+       pg_has_role(t.relowner, 'USAGE') AS owned
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_class AS t ON t.oid = i.indrelid
+JOIN pg_namespace AS n ON n.oid = c.relnamespace
+WHERE i.indrelid = 'outbox_notify_message_v1'::regclass
+ORDER BY c.relname;
+
+-- name: reindex_index
+-- The placeholder is the index, as psycopg.sql.Identifier(schema, name). CONCURRENTLY: writers and the
+-- relay's claims go on while the index is rebuilt (it cannot run inside a transaction).
+REINDEX INDEX CONCURRENTLY {};
+
+-- name: drop_index
+-- The placeholder is the index, as psycopg.sql.Identifier(schema, name); only for the
+-- leftovers of an interrupted rebuild (see outbox_indexes).
+DROP INDEX CONCURRENTLY IF EXISTS {};
+
+-- name: set_reindex_lock_timeout
+-- How long a rebuild may wait for the transactions running when it began (milliseconds).
+SELECT set_config('lock_timeout', %(timeout_ms)s, false);
+
+-- name: reset_lock_timeout
+RESET lock_timeout;

@@ -1,0 +1,138 @@
+"""`manage.py outbox_reindex`: the outbox's indexes give back what an old snapshot made them grow.
+
+Each test bloats the real outbox table of the test database: rows inserted and deleted by other
+sessions while a REPEATABLE READ session keeps them from being vacuumed.
+"""
+
+# ruff: noqa: S608 - the table name is a constant of this module
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connections
+
+from outbox_notify import stats
+from outbox_notify.relay.store import connection_kwargs
+from tests.relay_support import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TABLE = "outbox_notify_message_v1"
+INSERT = (
+    f"INSERT INTO {TABLE} (task_id, task_name, args, kwargs, options, schema_version)"
+    " SELECT 'bloat-' || gen_random_uuid(), 'tests.add', '[]', '{}', '{}', 4"
+    " FROM generate_series(1, %s)"
+)
+INDEX_BYTES = f"SELECT pg_indexes_size('{TABLE}')"
+INVALID = f"SELECT count(*) FROM pg_index WHERE indrelid = '{TABLE}'::regclass AND NOT indisvalid"
+ROWS = 40_000
+
+
+def connect(application_name: str = "tests", autocommit: bool = True) -> psycopg.Connection:
+    params = connection_kwargs("default")
+    params["application_name"] = application_name
+    return psycopg.connect(**params, autocommit=autocommit)
+
+
+def churn(conn: psycopg.Connection, rows: int) -> None:
+    """Rows written and published (deleted) the way the outbox does, a batch at a time."""
+    for _ in range(rows // 2000):
+        conn.execute(INSERT, (2000,))
+        conn.execute(f"DELETE FROM {TABLE} WHERE task_id LIKE 'bloat-%%'")
+
+
+@pytest.fixture
+def bloated() -> Iterator[psycopg.Connection]:
+    """An outbox whose indexes grew behind a snapshot that has ended since, vacuumed."""
+    with connect() as writer:
+        with connect("tests.old-snapshot", autocommit=False) as holder:
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute(f"SELECT count(*) FROM {TABLE}")
+            churn(writer, ROWS)
+        writer.execute(f"VACUUM {TABLE}")
+        yield writer
+
+
+def _run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("outbox_reindex", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_rebuilds_the_indexes_to_their_size_without_dead_rows(bloated: psycopg.Connection) -> None:
+    """After the snapshot ends the indexes keep their size; the rebuild gives it back while a
+    writer goes on committing, and every live row stays reachable through them."""
+    bloated.execute(INSERT, (100,))
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    stop, committed = threading.Event(), []
+
+    def write() -> None:
+        with connect() as conn:
+            while not stop.is_set():
+                conn.execute(INSERT, (1,))
+                committed.append(1)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        printed = _run("--min-size", "0")
+    finally:
+        stop.set()
+        writer.join()
+    rebuilt = bloated.execute(INDEX_BYTES).fetchone()[0]
+    assert rebuilt < grown / 4, (grown, rebuilt, printed)
+    assert "outbox indexes:" in printed
+    assert committed  # writers were never blocked for the whole rebuild
+    live = 100 + len(committed)
+    bloated.execute("SET enable_seqscan = off")
+    assert bloated.execute(f"SELECT count(*) FROM {TABLE} WHERE id > 0").fetchone() == (live,)
+    assert bloated.execute(INVALID).fetchone() == (0,)
+
+
+def test_refuses_while_a_snapshot_holds_dead_rows() -> None:
+    """With the snapshot still open, the command names it and changes nothing."""
+    with connect() as writer, connect("tests.old-snapshot", autocommit=False) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute(f"SELECT count(*) FROM {TABLE}")
+        churn(writer, 4000)
+        # The dead rows reach the statistics when the writer's transactions report them.
+        wait_for(lambda: stats.collect(connections["default"], top=0).dead_rows >= 4000)
+        before = writer.execute(INDEX_BYTES).fetchone()[0]
+        with pytest.raises(CommandError, match=r"tests\.old-snapshot") as caught:
+            _run("--min-size", "0", "--refuse-above", "100")
+        assert "end that transaction first" in str(caught.value)
+        assert writer.execute(INDEX_BYTES).fetchone()[0] == before
+
+
+def test_dry_run_lists_and_changes_nothing(bloated: psycopg.Connection) -> None:
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    printed = _run("--dry-run", "--min-size", "0")
+    assert f"{TABLE}_pkey" in printed
+    assert "rebuild" in printed
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] == grown
+
+
+def test_a_rebuild_that_gives_up_is_cleaned_up_by_the_next_run(
+    bloated: psycopg.Connection,
+) -> None:
+    """A rebuild that waits longer than --lock-wait for a running transaction gives up and says
+    so; the invalid copy it leaves (dropping it would wait as long) is dropped by the next run,
+    which then rebuilds."""
+    with connect("tests.long-writer", autocommit=False) as long_writer:
+        long_writer.execute(INSERT, (1,))  # a transaction with an xid, left open
+        with pytest.raises(CommandError, match="within --lock-wait"):
+            _run("--min-size", "0", "--lock-wait", "0.5")
+        assert bloated.execute(INVALID).fetchone()[0] >= 1
+        with pytest.raises(CommandError, match=r"could not drop .*_ccnew"):
+            _run("--min-size", "0", "--lock-wait", "0.5")
+    printed = _run("--min-size", "0")
+    assert "_ccnew  dropped" in printed
+    assert "outbox indexes:" in printed
+    assert bloated.execute(INVALID).fetchone() == (0,)
