@@ -5,7 +5,8 @@ the next (~1,600 msg/s here). This publisher builds every message with kombu's o
 serializer and compression Producer.publish uses, its delivery-mode and expiration rules, the
 channel's own prepare_message), writes the whole batch on a channel in confirm mode with
 `mandatory` set, then reads acks, nacks and returns until each delivery tag is settled or the
-step's deadline passes. Each message's outcome comes from its own delivery tag:
+step's deadline passes. Each message's outcome comes from its own delivery tag (the
+bookkeeping is relay/_confirm_ledger.py; this module writes frames and waits):
 
 - ack: published; ack after a basic.return of that message: failed, unroutable;
 - nack (a queue at its length limit with `reject-publish`, or a broker error): an outage;
