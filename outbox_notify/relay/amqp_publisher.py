@@ -5,7 +5,8 @@ the next (~1,600 msg/s here). This publisher builds every message with kombu's o
 serializer and compression Producer.publish uses, its delivery-mode and expiration rules, the
 channel's own prepare_message), writes the whole batch on a channel in confirm mode with
 `mandatory` set, then reads acks, nacks and returns until each delivery tag is settled or the
-step's deadline passes. Each message's outcome comes from its own delivery tag:
+step's deadline passes. Each message's outcome comes from its own delivery tag (the
+bookkeeping is relay/_confirm_ledger.py; this module writes frames and waits):
 
 - ack: published; ack after a basic.return of that message: failed, unroutable;
 - nack (a queue at its length limit with `reject-publish`, or a broker error): an outage;
@@ -41,6 +42,12 @@ from kombu.serialization import dumps as kombu_dumps
 
 from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay import amqp_properties, gates
+from outbox_notify.relay._confirm_ledger import (
+    Confirm,
+    ConfirmLedger,
+    return_to_first,
+    settle_each,
+)
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,
@@ -69,64 +76,44 @@ _NACKED = (
 )
 
 
-@dataclasses.dataclass(eq=False)
-class _Batch:
-    """The delivery tags of one written group and what became of each."""
+_Sent = tuple[int, str, str, Any]  # (message index, exchange, routing key, message)
 
-    first_tag: int
-    sent: list[tuple[int, str, str, Any]]  # (message index, exchange, routing key, message)
-    results: list[Attempt | None]
+
+@dataclasses.dataclass(eq=False)
+class _Batch(ConfirmLedger[_Sent, Attempt]):
+    """A written group: its delivery tags' ledger, settled into the messages' attempts."""
+
     messages: Sequence[OutgoingMessage] = ()  # what the message indexes point into
-    returned: dict[int, str] = dataclasses.field(default_factory=dict)
     refused: dict[int, Attempt] = dataclasses.field(default_factory=dict)  # never written
-    low: int = 0  # first position not settled yet
-    open: int = 0  # positions not settled yet
     end: float = 0.0  # monotonic: when its confirms must have come
 
-    def settle(self, tag: int, multiple: bool, nacked: bool) -> None:
-        position = tag - self.first_tag
-        if position < 0:
-            return  # a tag of an earlier group
-        if position >= len(self.sent):
-            if not multiple:
-                return  # a tag of a later group
-            position = len(self.sent) - 1  # "all up to a later tag": all of this group
-        for pos in range(self.low, position + 1) if multiple else (position,):
-            if self.results[pos] is None:
-                self.results[pos] = self._result(pos, nacked)
-                self.open -= 1
-        while self.low < len(self.sent) and self.results[self.low] is not None:
-            self.low += 1
-
-    def _result(self, position: int, nacked: bool) -> Attempt:
-        if nacked:
+    def outcome(self, confirm: Confirm, reason: str | None) -> Attempt:
+        if confirm is Confirm.NACKED:
             return Attempt(Result.OUTAGE, _NACKED)
-        if position in self.returned:
-            return Attempt(Result.FAILED, self.returned[position])
+        if confirm is Confirm.UNROUTABLE:
+            return Attempt(Result.FAILED, reason)
         return Attempt(Result.PUBLISHED)
-
-    def close_open(self, attempt: Attempt) -> list[int]:
-        """Give every unsettled message this attempt; return their positions."""
-        positions = [pos for pos, r in enumerate(self.results) if r is None]
-        for pos in positions:
-            self.results[pos] = attempt
-        self.open = 0
-        return positions
 
     def on_return(self, exc: Any, exchange: str, routing_key: str, message: Any) -> bool:
         """Mark a message the broker returned (no queue took it); False if it is not ours."""
-        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-        task_id = (message.properties.get("application_headers") or {}).get("id")
-        for pos in range(self.low, len(self.sent)):
-            _, sent_exchange, sent_key, sent = self.sent[pos]
-            if self.results[pos] is not None or pos in self.returned:
-                continue
-            if (sent_exchange, sent_key) != (exchange, routing_key) or sent.body != body:
-                continue
-            if (sent.properties.get("application_headers") or {}).get("id") == task_id:
-                self.returned[pos] = unroutable_error(exchange, routing_key, exc)
-                return True
-        return False
+        return self.mark_returned(
+            _returned_match(exchange, routing_key, message),
+            unroutable_error(exchange, routing_key, exc),
+        )
+
+
+def _returned_match(exchange: str, routing_key: str, message: Any) -> Callable[[_Sent], bool]:
+    """Whether a sent message is the one a basic.return brought back (it carries no tag)."""
+    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    task_id = (message.properties.get("application_headers") or {}).get("id")
+
+    def matches(item: _Sent) -> bool:
+        _, sent_exchange, sent_key, sent = item
+        if (sent_exchange, sent_key) != (exchange, routing_key) or sent.body != body:
+            return False
+        return bool((sent.properties.get("application_headers") or {}).get("id") == task_id)
+
+    return matches
 
 
 class _Frames:
@@ -266,14 +253,13 @@ class AmqpConfirmPublisher:
 
     def _settle(self, tag: int, multiple: bool, nacked: bool) -> None:
         if self.session is not None:
-            for batch in self.session.batches:
-                batch.settle(tag, multiple, nacked)
+            settle_each(self.session.batches, tag, multiple, nacked)
 
     def _returned(self, exc: Any, exchange: str, routing_key: str, message: Any) -> None:
         if self.session is not None:
-            for batch in self.session.batches:
-                if batch.on_return(exc, exchange, routing_key, message):
-                    return
+            matches = _returned_match(exchange, routing_key, message)
+            reason = unroutable_error(exchange, routing_key, exc)
+            return_to_first(self.session.batches, matches, reason)
 
     def _poll(self, session: _Session) -> None:
         """Handle what the broker sent meanwhile (blocked, unblocked, late confirms, a close)."""
@@ -484,14 +470,14 @@ class AmqpConfirmPublisher:
         messages: Sequence[OutgoingMessage],
         group: list[int],
         attempts: list[Attempt],
-    ) -> _InFlight:
+    ) -> _UnconfirmedGroup:
         """Write a group; the returned batch awaits its confirms when asked."""
         started = time.monotonic()
         write_end = started + self.send_timeout
         batch = _Batch(first_tag=session.next_tag, sent=[], results=[], messages=messages)
         batch.end = started + self.general.step
         session.batches.append(batch)
-        in_flight = _InFlight(
+        in_flight = _UnconfirmedGroup(
             owner=self,
             session=session,
             messages=messages,
@@ -581,23 +567,22 @@ class AmqpConfirmPublisher:
             except Exception as exc:  # a header AMQP cannot encode (an integer over 64 bits)
                 batch.refused[index] = Attempt(Result.FAILED, error_text(exc))
                 continue
-            batch.sent.append((index, exchange, routing_key, message))
-            batch.results.append(None)
+            batch.add((index, exchange, routing_key, message))
             pending += 1
             if frames.size >= _FLUSH_BYTES:
-                self._flush(session, batch, pending, write_end)
+                self._flush(session, pending, write_end)
                 pending = 0
         if pending and time.monotonic() > write_end:
             # Too late to start another write: these stay unsent, their tags unused.
-            del batch.sent[-pending:], batch.results[-pending:]
+            batch.withdraw(pending)
             frames.clear()
         elif pending:
-            self._flush(session, batch, pending, write_end)
+            self._flush(session, pending, write_end)
 
-    def _flush(self, session: _Session, batch: _Batch, count: int, write_end: float) -> None:
+    def _flush(self, session: _Session, count: int, write_end: float) -> None:
         data = session.frames.take()
-        # Counted before the write: if it breaks part-way, these may have reached the broker.
-        batch.open += count
+        # Their tags are counted before the write: if it breaks part-way, these may have
+        # reached the broker (the ledger holds them unsettled from when they were framed).
         session.next_tag += count
         write_before(session.raw.transport.sock, data, write_end)
 
@@ -693,7 +678,7 @@ def _forget(session: _Session, batch: _Batch) -> None:
         session.batches.remove(batch)
 
 
-class _InFlight:
+class _UnconfirmedGroup:
     """A group written on the confirm channel; wait() awaits its confirms (a Pending)."""
 
     def __init__(
