@@ -77,6 +77,15 @@ def fragments() -> dict[str, LiteralString]:
     return _sections(read("fragments.sql"))
 
 
+def _without_doc(fragment: LiteralString) -> LiteralString:
+    """A fragment without its leading comment lines: they explain it in fragments.sql, and
+    would travel with every execution of every query that includes it."""
+    lines = fragment.splitlines()
+    while lines and lines[0].lstrip().startswith("--") and not _INCLUDE_LINE.match(lines[0]):
+        del lines[0]
+    return "\n".join(lines)
+
+
 def _expand(body: LiteralString, known: Mapping[str, LiteralString], chain: tuple[str, ...]) -> str:
     """`body` with each `-- include: _NAME` line replaced by that fragment, expanded too."""
 
@@ -86,7 +95,7 @@ def _expand(body: LiteralString, known: Mapping[str, LiteralString], chain: tupl
             raise KeyError(f"`-- include: {name}` names no fragment (a `-- name: _...` section)")
         if name in chain:
             raise ValueError(f"fragments include each other: {' -> '.join((*chain, name))}")
-        return _expand(known[name], known, (*chain, name))
+        return _expand(_without_doc(known[name]), known, (*chain, name))
 
     return _INCLUDE_LINE.sub(include, body)
 
