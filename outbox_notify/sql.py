@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import LiteralString, TypeAlias
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
-_INCLUDE_LINE = re.compile(r"^[ \t]*--\s*include:\s*(\w+)\s*$", re.MULTILINE)
+_INCLUDE_LINE = re.compile(r"^([ \t]*)--\s*include:\s*(\w+)\s*$", re.MULTILINE)
 
 # The files of named queries (`-- name: NAME` sections); fragments.sql holds the `_NAME`
 # sections any of them may include.
@@ -90,12 +90,14 @@ def _expand(body: LiteralString, known: Mapping[str, LiteralString], chain: tupl
     """`body` with each `-- include: _NAME` line replaced by that fragment, expanded too."""
 
     def include(match: re.Match[str]) -> str:
-        name = match.group(1)
+        indent, name = match.group(1, 2)
         if name not in known:
             raise KeyError(f"`-- include: {name}` names no fragment (a `-- name: _...` section)")
         if name in chain:
             raise ValueError(f"fragments include each other: {' -> '.join((*chain, name))}")
-        return _expand(_without_doc(known[name]), known, (*chain, name))
+        # The include line's indentation starts the fragment, for whoever reads the query
+        # in pg_stat_activity or a log.
+        return indent + _expand(_without_doc(known[name]), known, (*chain, name))
 
     return _INCLUDE_LINE.sub(include, body)
 
