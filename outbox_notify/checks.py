@@ -21,7 +21,6 @@ Check ids are stable and documented in docs/reference.md:
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import re
 from collections.abc import Sequence
@@ -287,10 +286,9 @@ def _schema_messages(alias: str, found: dict[str, Any]) -> list[checks.CheckMess
     return []
 
 
-@functools.cache
-def queries() -> dict[str, str]:
+def queries() -> sql.Queries:
     """The named queries of sql/checks.sql, loaded once."""
-    return sql.parse_named_queries(sql.read("checks.sql"))
+    return sql.load("checks.sql")
 
 
 def _schema_state(cursor: Any) -> dict[str, Any]:

@@ -28,10 +28,9 @@ from outbox_notify import sql as sql_files
 log = structlog.get_logger("outbox_notify")
 
 
-@functools.cache
-def queries() -> dict[str, str]:
+def queries() -> sql_files.Queries:
     """The named queries of `sql/held.sql`, loaded once."""
-    return sql_files.parse_named_queries(sql_files.read("held.sql"))
+    return sql_files.load("held.sql")
 
 
 # -- the write side ------------------------------------------------------------------------

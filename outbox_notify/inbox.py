@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 import structlog
@@ -91,18 +91,18 @@ def checked_key(value: object, what: str) -> str:
     return text
 
 
-def _without_comment_lines(query: str) -> str:
+def _without_comment_lines(query: LiteralString) -> LiteralString:
     """The query without its whole-line `--` comments, which would travel with every execution."""
     return "\n".join(line for line in query.splitlines() if not line.lstrip().startswith("--"))
 
 
 @functools.cache
-def queries() -> dict[str, str]:
+def queries() -> dict[str, LiteralString]:
     """The inbox queries of `sql/inbox.sql`, loaded once, without their comment lines.
 
     `record_key` runs in every OnceTask execution: its comment would triple what is sent.
     """
-    named = sql_files.parse_named_queries(sql_files.read("inbox.sql"))
+    named = sql_files.load("inbox.sql")
     return {name: _without_comment_lines(query) for name, query in named.items()}
 
 

@@ -1,8 +1,14 @@
-"""Loads the SQL files shipped with the package: the DDL and the relay's named queries.
+"""Loads the SQL files shipped with the package: the DDL and the named queries.
 
 `python -m outbox_notify.sql NAME` prints one of them (`install.sql`, `relay_role.sql`,
 `migrations/0001_initial.sql`, ...) for `psql`, from wherever the package is installed;
 without NAME it lists them.
+
+Every query the package runs comes from here, typed `LiteralString` (as psycopg's
+`execute()` asks): text read from the package's own files, never built from values. Type
+checkers that enforce PEP 675 (pyright) then reject SQL formatted at run time; mypy reads
+`LiteralString` as `str`, so tests/unit/test_sql_names.py also looks for formatted SQL
+handed to `execute()`.
 """
 
 from __future__ import annotations
@@ -11,72 +17,130 @@ import argparse
 import functools
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import LiteralString, TypeAlias
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
-_INCLUDE_LINE = re.compile(r"^[ \t]*--\s*include:\s*(\w+)\s*$", re.MULTILINE)
+_INCLUDE_LINE = re.compile(r"^([ \t]*)--\s*include:\s*(\w+)\s*$", re.MULTILINE)
+
+# The files of named queries (`-- name: NAME` sections); fragments.sql holds the `_NAME`
+# sections any of them may include.
+QUERY_FILES = ("queries.sql", "ops.sql", "held.sql", "inbox.sql", "checks.sql")
+
+Queries: TypeAlias = Mapping[str, LiteralString]
 
 
-def _sql_dir() -> Path:
-    """Where the .sql files are: inside the installed wheel, else the source checkout."""
-    packaged = Path(str(resources.files("outbox_notify"))) / "sql"
+@functools.cache
+def _sql_dir() -> Traversable:
+    """The `sql/` folder, as a package resource.
+
+    A wheel carries it inside the package (pyproject.toml maps the top-level `sql/` to
+    `outbox_notify/sql`). A checkout, an editable install and an unpacked sdist import the
+    package from the source tree, where `sql/` sits beside it: the same folder, read through
+    the same Traversable calls.
+    """
+    packaged = resources.files("outbox_notify") / "sql"
     if packaged.is_dir():
         return packaged
     return Path(__file__).resolve().parent.parent / "sql"
 
 
+def _file(filename: str) -> Traversable:
+    return _sql_dir().joinpath(*filename.split("/"))
+
+
+def _trusted(text: str) -> LiteralString:
+    """The one place text becomes LiteralString: text of the package's own files, not input."""
+    # mypy reads LiteralString as str; a PEP 675 checker needs the exception said here.
+    return text  # pyright: ignore[reportReturnType]
+
+
 @functools.cache
-def read(filename: str) -> str:
-    """Return the text of one file of the `sql/` folder."""
-    return (_sql_dir() / filename).read_text(encoding="utf-8")
+def read(filename: str) -> LiteralString:
+    """Return the text of one file of the `sql/` folder (`install.sql`, `migrations/...`)."""
+    return _trusted(_file(filename).read_text(encoding="utf-8"))
 
 
-def _sections(text: str) -> dict[str, str]:
+def _sections(text: LiteralString) -> dict[str, LiteralString]:
     parts = _NAME_LINE.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+    return {
+        name: _trusted(body.strip()) for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
 
 
 @functools.cache
-def fragments() -> dict[str, str]:
-    """The shared fragments of `sql/fragments.sql` ({_NAME: text}), loaded once."""
+def fragments() -> dict[str, LiteralString]:
+    """The shared fragments of `sql/fragments.sql` ({_NAME: text}), unexpanded, loaded once."""
     return _sections(read("fragments.sql"))
 
 
-def parse_named_queries(text: str) -> dict[str, str]:
+def _without_doc(fragment: LiteralString) -> LiteralString:
+    """A fragment without its leading comment lines: they explain it in fragments.sql, and
+    would travel with every execution of every query that includes it."""
+    lines = fragment.splitlines()
+    while lines and lines[0].lstrip().startswith("--") and not _INCLUDE_LINE.match(lines[0]):
+        del lines[0]
+    return "\n".join(lines)
+
+
+def _expand(body: LiteralString, known: Mapping[str, LiteralString], chain: tuple[str, ...]) -> str:
+    """`body` with each `-- include: _NAME` line replaced by that fragment, expanded too."""
+
+    def include(match: re.Match[str]) -> str:
+        indent, name = match.group(1, 2)
+        if name not in known:
+            raise KeyError(f"`-- include: {name}` names no fragment (a `-- name: _...` section)")
+        if name in chain:
+            raise ValueError(f"fragments include each other: {' -> '.join((*chain, name))}")
+        # The include line's indentation starts the fragment, for whoever reads the query
+        # in pg_stat_activity or a log.
+        return indent + _expand(_without_doc(known[name]), known, (*chain, name))
+
+    return _INCLUDE_LINE.sub(include, body)
+
+
+def parse_named_queries(text: LiteralString) -> dict[str, LiteralString]:
     """Split a file of `-- name: NAME` sections into {NAME: query}.
 
     A line `-- include: _NAME` in a query is replaced by the fragment _NAME of
-    `sql/fragments.sql` (or of the file itself): SQL that several queries need is written once.
-    A fragment is not a query of its own and is left out of the result.
+    `sql/fragments.sql` (or of the file itself), whose own include lines are replaced in turn:
+    SQL that several queries need is written once. A fragment is not a query of its own and
+    is left out of the result.
     """
     sections = _sections(text)
     known = {**fragments(), **{n: b for n, b in sections.items() if n.startswith("_")}}
-
-    def include(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in known:
-            raise KeyError(f"`-- include: {name}` names no fragment (a `-- name: _...` section)")
-        return known[name]
-
     return {
-        name: _INCLUDE_LINE.sub(include, body)
+        name: _trusted(_expand(body, known, (name,)))
         for name, body in sections.items()
         if not name.startswith("_")
     }
 
 
 @functools.cache
-def queries() -> dict[str, str]:
+def load(filename: str) -> Queries:
+    """The named queries of one file of `sql/` (one of QUERY_FILES), loaded once."""
+    return parse_named_queries(read(filename))
+
+
+def queries() -> Queries:
     """The relay's named queries from `sql/queries.sql`, loaded once."""
-    return parse_named_queries(read("queries.sql"))
+    return load("queries.sql")
+
+
+def _walk(folder: Traversable, prefix: str) -> Iterator[str]:
+    for entry in folder.iterdir():
+        if entry.is_dir():
+            yield from _walk(entry, f"{prefix}{entry.name}/")
+        elif entry.name.endswith(".sql"):
+            yield f"{prefix}{entry.name}"
 
 
 def names() -> list[str]:
     """Every packaged SQL file, as its path in the `sql/` folder (`migrations/0001_initial.sql`)."""
-    root = _sql_dir()
-    return sorted(path.relative_to(root).as_posix() for path in root.rglob("*.sql"))
+    return sorted(_walk(_sql_dir(), ""))
 
 
 def _known_name(text: str) -> str:
@@ -104,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.write("".join(f"{known}\n" for known in names()))
         return
     sys.stdout.flush()
-    sys.stdout.buffer.write((_sql_dir() / name).read_bytes())
+    sys.stdout.buffer.write(_file(name).read_bytes())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
@@ -106,10 +105,9 @@ class Count:
     exact: bool
 
 
-@functools.cache
-def queries() -> dict[str, str]:
+def queries() -> sql_files.Queries:
     """The operator queries of `sql/ops.sql`, loaded once."""
-    return sql_files.parse_named_queries(sql_files.read("ops.sql"))
+    return sql_files.load("ops.sql")
 
 
 @contextlib.contextmanager

@@ -4,45 +4,78 @@
 -- `_`. Parameters use psycopg's %(name)s style; those of the relay's frontier come from
 -- outbox_notify.relay.frontier.Frontier.params().
 
+-- name: _recheck_rows
+-- A condition on `m`, an outbox row (the claim predicates below are each written here once,
+-- for claim_batch, _claimable and peek): a row the frontier rechecks by id, ready or due now,
+-- of a schema version this relay reads.
+m.id = ANY(%(recheck)s::bigint[])
+      AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
+      AND m.schema_version <= %(max_version)s
+
+-- name: _late_ready_rows
+-- A condition on `m`: a ready row of a transaction in progress at an earlier claim.
+m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
+      AND m.schema_version <= %(max_version)s
+
+-- name: _late_due_rows
+-- A condition on `m`: a due row of a transaction in progress at an earlier claim.
+m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
+      AND m.schema_version <= %(max_version)s
+
+-- name: _due_rows
+-- A condition on `m`: a scheduled row fallen due after the due position.
+m.retry_after <= statement_timestamp()
+      AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+
+-- name: _walked_rows
+-- A condition on `w`, an outbox row: a scheduled row written after the scheduled position.
+w.retry_after IS NOT NULL
+      AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+
+-- name: _ready_rows
+-- A condition on `m`: a ready row (no retry_after) after the ready position.
+m.retry_after IS NULL
+      AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+      AND m.schema_version <= %(max_version)s
+
 -- name: _claimable
 -- CTEs that each lock at most one row this session could claim now, read from the relay's
 -- frontier exactly as claim_batch reads its five parts, and `found`, whether any of them has
 -- one. The queries that include it run in autocommit: the row locks go with the statement.
 rechecked AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.id = ANY(%(recheck)s::bigint[])
-      AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _recheck_rows
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 late_ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _late_ready_rows
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 late_due AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _late_due_rows
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.retry_after <= statement_timestamp()
-      AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _due_rows
     ORDER BY m.retry_after, m.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
 walked AS MATERIALIZED (
     SELECT w.id FROM outbox_notify_message_v1 AS w
-    WHERE w.retry_after IS NOT NULL
-      AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+    WHERE
+    -- include: _walked_rows
     ORDER BY w.txid, w.id
     LIMIT %(walk)s
 ),
@@ -56,9 +89,8 @@ fresh AS (
 ),
 ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.retry_after IS NULL
-      AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _ready_rows
     ORDER BY m.txid, m.id
     LIMIT 1
     FOR UPDATE SKIP LOCKED

@@ -6,24 +6,44 @@
 -- last_error IS NULL (sql/install.sql). Every query reads the "scheduled" index
 -- (retry_after) or the task_id index, never the whole table.
 
+-- name: _held
+-- A condition: a held row whose ETA is still ahead.
+retry_after > now() AND retries = 0 AND last_error IS NULL
+
+-- name: _cancel_doomed
+-- The end of both cancels: delete the rows of `doomed`, say which were held and whether their
+-- task ignores its result.
+DELETE FROM outbox_notify_message_v1 AS m
+USING doomed
+WHERE m.id = doomed.id
+RETURNING m.id, m.task_id, m.task_name,
+          coalesce(m.retry_after > now() AND m.retries = 0 AND m.last_error IS NULL, false)
+              AS held,
+          coalesce(m.options -> 'headers' ->> 'ignore_result', 'false') = 'true'
+              AS ignore_result
+
 -- name: count_held_upto
 -- Held rows whose ETA is still ahead; stops reading after %(limit)s rows.
 SELECT count(*) FROM (
     SELECT 1 FROM outbox_notify_message_v1
-    WHERE retry_after > now() AND retries = 0 AND last_error IS NULL
+    WHERE
+    -- include: _held
     LIMIT %(limit)s
 ) AS capped;
 
 -- name: estimate_held
 EXPLAIN (FORMAT JSON)
 SELECT 1 FROM outbox_notify_message_v1
-WHERE retry_after > now() AND retries = 0 AND last_error IS NULL;
+WHERE
+-- include: _held
+;
 
 -- name: next_held
 -- The next held row to fall due: when, and in how many seconds on the database's clock.
 SELECT retry_after, extract(epoch FROM retry_after - now())::float8
 FROM outbox_notify_message_v1
-WHERE retry_after > now() AND retries = 0 AND last_error IS NULL
+WHERE
+-- include: _held
 ORDER BY retry_after
 LIMIT 1;
 
@@ -36,14 +56,8 @@ WITH doomed AS (
     WHERE task_id = ANY(%(task_ids)s::text[])
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM outbox_notify_message_v1 AS m
-USING doomed
-WHERE m.id = doomed.id
-RETURNING m.id, m.task_id, m.task_name,
-          coalesce(m.retry_after > now() AND m.retries = 0 AND m.last_error IS NULL, false)
-              AS held,
-          coalesce(m.options -> 'headers' ->> 'ignore_result', 'false') = 'true'
-              AS ignore_result;
+-- include: _cancel_doomed
+;
 
 -- name: cancel_by_ids
 -- The same, for outbox rows chosen by id (the admin action).
@@ -52,11 +66,5 @@ WITH doomed AS (
     WHERE id = ANY(%(ids)s::bigint[])
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM outbox_notify_message_v1 AS m
-USING doomed
-WHERE m.id = doomed.id
-RETURNING m.id, m.task_id, m.task_name,
-          coalesce(m.retry_after > now() AND m.retries = 0 AND m.last_error IS NULL, false)
-              AS held,
-          coalesce(m.options -> 'headers' ->> 'ignore_result', 'false') = 'true'
-              AS ignore_result;
+-- include: _cancel_doomed
+;

@@ -44,36 +44,34 @@ FROM STDIN;
 WITH
 rechecked AS (
     SELECT m.*, 0 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.id = ANY(%(recheck)s::bigint[])
-      AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _recheck_rows
     FOR UPDATE SKIP LOCKED
 ),
 late_ready AS (
     SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _late_ready_rows
     FOR UPDATE SKIP LOCKED
 ),
 late_due AS (
     SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _late_due_rows
     FOR UPDATE SKIP LOCKED
 ),
 due AS (
     SELECT m.*, 2 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.retry_after <= statement_timestamp()
-      AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _due_rows
     ORDER BY m.retry_after, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ),
 walked AS MATERIALIZED (
     SELECT w.id, w.txid, w.retry_after, w.schema_version FROM outbox_notify_message_v1 AS w
-    WHERE w.retry_after IS NOT NULL
-      AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
+    WHERE
+    -- include: _walked_rows
     ORDER BY w.txid, w.id
     LIMIT %(walk)s
 ),
@@ -88,9 +86,8 @@ fresh AS (
 ),
 ready AS (
     SELECT m.*, 4 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.retry_after IS NULL
-      AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
-      AND m.schema_version <= %(max_version)s
+    WHERE
+    -- include: _ready_rows
     ORDER BY m.txid, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -144,25 +141,23 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
         'xip', ARRAY(SELECT x::text FROM snap, pg_snapshot_xip(s) AS x),
         'recheck_left', ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.id = ANY(%(recheck)s::bigint[])
-              AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
-              AND m.schema_version <= %(max_version)s
+            WHERE
+            -- include: _recheck_rows
               AND m.id NOT IN (SELECT id FROM picked)),
         'late_left', ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
-              AND m.schema_version <= %(max_version)s
+            WHERE
+            -- include: _late_ready_rows
               AND m.id NOT IN (SELECT id FROM picked)
             UNION ALL
             SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
-              AND m.schema_version <= %(max_version)s
+            WHERE
+            -- include: _late_due_rows
               AND m.id NOT IN (SELECT id FROM picked)),
         'due_left', ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m, bounds AS b
-            WHERE m.retry_after <= statement_timestamp()
-              AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
-              AND m.schema_version <= %(max_version)s
+            WHERE
+            -- include: _due_rows
               AND (b.exhausted OR (m.retry_after, m.id) <= (b.due_at, b.due_id))
               AND m.id NOT IN (SELECT id FROM picked)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
@@ -176,9 +171,8 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
         'ready_left', (
             SELECT json_agg(json_build_array(m.txid::text, m.id))
             FROM outbox_notify_message_v1 AS m, bounds AS b
-            WHERE m.retry_after IS NULL
-              AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
-              AND m.schema_version <= %(max_version)s
+            WHERE
+            -- include: _ready_rows
               AND (b.exhausted OR (m.txid, m.id) <= (b.ready_txid, b.ready_id))
               AND m.id NOT IN (SELECT id FROM picked))
     );
@@ -253,19 +247,16 @@ SELECT
     f.claimable
     OR EXISTS (
         SELECT 1 FROM outbox_notify_message_v1 AS m
-        WHERE m.id = ANY(%(recheck)s::bigint[])
-          AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
-          AND m.schema_version <= %(max_version)s
+        WHERE
+        -- include: _recheck_rows
     ) OR EXISTS (
         SELECT 1 FROM outbox_notify_message_v1 AS m
-        WHERE m.retry_after IS NULL
-          AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
-          AND m.schema_version <= %(max_version)s
+        WHERE
+        -- include: _ready_rows
     ) OR EXISTS (
         SELECT 1 FROM outbox_notify_message_v1 AS m
-        WHERE m.retry_after <= statement_timestamp()
-          AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
-          AND m.schema_version <= %(max_version)s
+        WHERE
+        -- include: _due_rows
     ) AS due,
     (SELECT extract(epoch FROM min(m.retry_after) - statement_timestamp())::float8
      FROM outbox_notify_message_v1 AS m

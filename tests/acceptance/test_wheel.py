@@ -31,6 +31,7 @@ import pytest
 from psycopg import sql as pgsql
 
 from devtools.process import stop_process
+from outbox_notify import sql
 from tests.acceptance import wheel_project
 from tests.acceptance.wheel_project import clean_env
 from tests.relay_support import wait_for
@@ -68,6 +69,7 @@ PROBE = textwrap.dedent(
     print(outbox_notify.__file__)
     print(sql.read("install.sql").count("CREATE TABLE"))
     print(",".join(sorted(sql.queries())))
+    print(sum(len(sql.load(name)) for name in sql.QUERY_FILES))
     """
 )
 
@@ -233,9 +235,12 @@ def test_wheel_installs_migrates_and_notifies(
         cwd=project,
         env=env,
     )
-    module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=project, env=env).split()
+    probed = _run([str(python), "-c", PROBE], cwd=project, env=env).split()
+    module_file, tables, queries, all_queries = probed
     assert Path(module_file).is_relative_to(python.parent.parent)
-    assert tables == "4"  # messages, dead letters, inbox, frontier
+    # The installed files are the checkout's: as many tables, as many named queries.
+    assert tables == str(sql.read("install.sql").count("CREATE TABLE"))
+    assert all_queries == str(sum(len(sql.load(name)) for name in sql.QUERY_FILES))
     assert {"claim_batch", "insert_message"} <= set(queries.split(","))
 
     with _connect(pg_server_url, wheel_database) as conn:
