@@ -236,6 +236,16 @@ def _formats(node: ast.expr) -> bool:
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "format"
+        and not _psycopg_composed(node.func.value)
+    )
+
+
+def _psycopg_composed(node: ast.expr) -> bool:
+    """`pgsql.SQL(query).format(...)`: psycopg quotes what it composes (identifiers)."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "SQL"
     )
 
 
