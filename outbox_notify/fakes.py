@@ -9,6 +9,8 @@ a test keeps the two lists equal.
 
 They stand beside PostgreSQL, never for it: LISTEN/NOTIFY, SKIP LOCKED and transaction
 visibility are only tested against a real server.
+
+.. versionadded:: 0.1.0
 """
 
 from __future__ import annotations
