@@ -269,7 +269,9 @@ class FakeListener:
     await_writers call lasts `lock_wait` unless it ends LOCKED or CLAIMABLE. `waits` are the
     outcomes of successive waits on LISTEN (TIMEOUT lasts the whole timeout). `pending`
     notifications are what drain_pending() finds next. `on_statement` runs after each
-    statement, so a test can stop the relay or commit rows at a chosen moment.
+    statement, so a test can stop the relay or commit rows at a chosen moment. `ran` lists
+    the named queries the real listener would have run (their `_bounded` variants while
+    `bounded`, as on PostgreSQL 14+).
     """
 
     clock: FakeClock
@@ -285,6 +287,8 @@ class FakeListener:
     statements: list[tuple[float, str]] = dataclasses.field(default_factory=list)
     holds_lock: bool = False
     released: int = 0
+    bounded: bool = True
+    ran: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def connected(self) -> bool:
@@ -295,11 +299,18 @@ class FakeListener:
         """Nothing to open."""
 
     def probe(self, send: Callable[[str], None]) -> bool:
-        """LISTEN always works."""
+        """LISTEN always works: the probe's notification is sent through `send`."""
+        self.ran.append("listen_probe")
+        send("probe")
+        self.ran.append("unlisten_probe")
         return True
 
     def listen(self) -> None:
         """Nothing to listen on."""
+        self.ran.extend(("listen", "set_lock_timeout", "set_listen_plan"))
+
+    def _variant(self, name: str) -> str:
+        return f"{name}_bounded" if self.bounded else name
 
     def close(self) -> None:
         """Nothing to close."""
@@ -321,6 +332,9 @@ class FakeListener:
     def take_lock(self) -> LockState:
         """The next scripted answer of `locks`."""
         state: LockState = self._next(self.locks)
+        self.ran.append(self._variant("take_wake_lock"))
+        if state is not LockState.HELD:
+            self.ran.append("wake_lock_holder")
         self.holds_lock = state is LockState.HELD
         self._statement("take_lock", 0.0 if state is LockState.HELD else self.lock_wait)
         return state
@@ -328,6 +342,7 @@ class FakeListener:
     def await_writers(self) -> Outwait:
         """The next scripted answer of `outwaits`."""
         outcome: Outwait = self._next(self.outwaits)
+        self.ran.append(self._variant("await_wake_lock"))
         self.holds_lock = outcome is Outwait.LOCKED
         self._statement("await_writers", self.lock_wait if outcome is Outwait.TIMED_OUT else 0.0)
         return outcome
@@ -335,6 +350,7 @@ class FakeListener:
     def lock_holder(self) -> LockState:
         """The next scripted answer of `holders`."""
         holder: LockState = self._next(self.holders)
+        self.ran.append("wake_lock_holder")
         self._statement("lock_holder")
         return holder
 
@@ -342,13 +358,17 @@ class FakeListener:
         """Let go of the lock if held."""
         if self.holds_lock:
             self.released += 1
+            self.ran.append(self._variant("release_wake_lock"))
             self.holds_lock = False
             self._statement("release_lock")
 
     def peek(self) -> Peek:
-        """The store's peek."""
+        """The peek query on the store's rows."""
+        self.ran.append("peek")
         self._statement("peek")
-        return self.store.peek()
+        params = {**Frontier().params(), "max_version": SCHEMA_VERSION}
+        claimable, due, next_due_in = self.store.query_peek(**params)
+        return Peek(claimable=claimable, due=due, next_due_in=next_due_in)
 
     def drain_pending(self) -> int:
         """The scripted `pending` count, once."""

@@ -11,25 +11,29 @@ import sys
 from pathlib import Path
 
 from outbox_notify import sql
-from outbox_notify.fakes import InMemoryStore, claimed_row
+from outbox_notify.fakes import FakeClock, FakeListener, InMemoryStore, claimed_row
 from outbox_notify.relay.frontier import Frontier
+from outbox_notify.relay.listener import LockState
 from outbox_notify.relay.store import Dead, Outcome, Retry
 
 ROOT = Path(__file__).resolve().parents[2]
-STORE = ROOT / "outbox_notify" / "relay" / "store.py"
+RELAY = ROOT / "outbox_notify" / "relay"
 
 
-def queries_the_store_runs() -> set[str]:
-    """The names in every `self.queries["name"]` of relay/store.py."""
+def queries_run_by(module: str) -> set[str]:
+    """The names in every `self.queries[...]` of a relay module, both sides of an `if`."""
     found = set()
-    for node in ast.walk(ast.parse(STORE.read_text())):
+    for node in ast.walk(ast.parse((RELAY / module).read_text())):
         if (
             isinstance(node, ast.Subscript)
             and isinstance(node.value, ast.Attribute)
             and node.value.attr == "queries"
-            and isinstance(node.slice, ast.Constant)
         ):
-            found.add(node.slice.value)
+            found |= {
+                name.value
+                for name in ast.walk(node.slice)
+                if isinstance(name, ast.Constant) and isinstance(name.value, str)
+            }
     return found
 
 
@@ -45,7 +49,7 @@ def twins() -> dict[str, inspect.Signature]:
 
 def test_every_query_the_store_runs_has_an_in_memory_twin() -> None:
     """The real store and the in-memory one run the same named queries, all in queries.sql."""
-    real = queries_the_store_runs()
+    real = queries_run_by("store.py")
     assert len(real) > 10  # the parse found them
     assert set(twins()) == real
     assert real <= set(sql.queries())
@@ -84,6 +88,33 @@ def test_finishing_a_claim_runs_the_queries_the_real_store_runs() -> None:
         "finalize_batch",
     ]
     assert store.rows == []
+
+
+def listener_queries(*, bounded: bool) -> list[str]:
+    """The queries a fake listener records when every one of its methods runs."""
+    listener = FakeListener(
+        clock=FakeClock(),
+        store=InMemoryStore(),
+        locks=[LockState.HELD, LockState.WRITERS],
+        bounded=bounded,
+    )
+    listener.listen()
+    listener.probe(lambda payload: None)
+    listener.take_lock()
+    listener.release_lock()
+    listener.take_lock()
+    listener.await_writers()
+    listener.lock_holder()
+    listener.peek()
+    return listener.ran
+
+
+def test_every_query_the_listener_runs_has_a_twin_in_the_fake_listener() -> None:
+    """The fake listener records every named query of relay/listener.py, and only those."""
+    real = queries_run_by("listener.py")
+    assert len(real) > 10  # the parse found them
+    assert set(listener_queries(bounded=True) + listener_queries(bounded=False)) == real
+    assert real <= set(sql.queries())
 
 
 def docs_example() -> str:
