@@ -234,7 +234,7 @@ def test_wheel_installs_migrates_and_notifies(
     )
     module_file, tables, queries = _run([str(python), "-c", PROBE], cwd=project, env=env).split()
     assert Path(module_file).is_relative_to(python.parent.parent)
-    assert tables == "3"
+    assert tables == "4"  # message, frontier, dead letter, inbox
     assert {"claim_batch", "insert_message"} <= set(queries.split(","))
 
     with _connect(pg_server_url, wheel_database) as conn:
