@@ -91,6 +91,8 @@ def bulk(
     The block runs in `transaction.atomic(using=...)` (a savepoint inside an existing
     transaction), so the batches written before the end are undone if the block raises.
     `using` defaults to OUTBOX_NOTIFY_DATABASE; rows for another alias are written one by one.
+
+    .. versionadded:: 0.1.0
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")

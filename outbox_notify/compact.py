@@ -1,8 +1,8 @@
 """The compact layout of a task's `options` (schema version 4): what differs from the defaults.
 
 Version 1 stored everything Celery recorded: every header with its null default, the
-properties, the embedded canvas, and the queue's whole declaration, about 1.3 kB for a task
-with default options. Version 4 stores the same message as what differs from fixed defaults:
+properties, the embedded canvas, and the queue's whole declaration (the sizes of both layouts,
+measured: docs/concepts.md#the-stored-layout-of-a-task). Version 4 stores the same message as what differs from fixed defaults:
 
 - `argsrepr`, `kwargsrepr`, `origin` (headers) and `reply_to` (a property): always, at the
   top level. They differ from call to call, so the template path fills them in.

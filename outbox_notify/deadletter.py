@@ -11,37 +11,22 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from django.db import connections, transaction
 
-from outbox_notify import conf, serialization
+from outbox_notify import conf, purging, serialization
 from outbox_notify.exceptions import ConfigurationError
+from outbox_notify.purging import Progress, PurgeResult
+from outbox_notify.purging import silent as _silent
 from outbox_notify.stats import Cursor, queries
 
 log = structlog.get_logger("outbox_notify")
 
 CHUNK_SIZE = 5_000  # rows per transaction for purge and requeue
-
-Progress = Callable[[int], None]  # told the running total after each chunk
-
-
-def _silent(done: int) -> None:
-    """No progress to show."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class PurgeResult:
-    """What a purge deleted (or, in a dry run, would delete), per task name."""
-
-    cutoff: datetime
-    deleted: int
-    chunks: int
-    by_task: Mapping[str, int]
-    dry_run: bool
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,24 +81,12 @@ def _db_now(cur: Cursor) -> datetime:
     return now
 
 
-def purge_cutoff(older_than_days: int, using: str | None = None) -> datetime:
-    """The dead_at before which a purge deletes, on the database's clock."""
-    with connections[_alias(using)].cursor() as cur:
-        return _db_now(cur) - timedelta(days=older_than_days)
-
-
-def purge_plan(cutoff: datetime, using: str | None = None) -> dict[str, int]:
-    """How many dead letters per task name are older than `cutoff` (the dry-run report)."""
-    with connections[_alias(using)].cursor() as cur:
-        cur.execute(queries()["dead_letters_older_than_by_task"], {"cutoff": cutoff})
-        return {name: int(count) for name, count in cur.fetchall()}
-
-
-def _purge_chunk(alias: str, cutoff: datetime, chunk_size: int) -> int:
-    """Delete one chunk in its own transaction; return how many rows went."""
-    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-        cur.execute(queries()["purge_dead_letters_chunk"], {"cutoff": cutoff, "chunk": chunk_size})
-        return int(cur.rowcount)
+DEAD_LETTERS = purging.Target(
+    queries=queries,
+    plan="dead_letters_older_than_by_task",
+    chunk="purge_dead_letters_chunk",
+    event="outbox.dead_letters_purged",
+)
 
 
 def purge(
@@ -126,24 +99,14 @@ def purge(
 ) -> PurgeResult:
     """Delete dead letters older than N days (default: the retention setting), chunk by chunk."""
     days = conf.dead_letter_retention_days() if older_than_days is None else older_than_days
-    if days < 0 or chunk_size < 1:
-        raise ConfigurationError("older_than_days must be >= 0 and chunk_size >= 1")
-    alias = _alias(using)
-    cutoff = purge_cutoff(days, alias)
-    if dry_run:
-        plan = purge_plan(cutoff, alias)
-        return PurgeResult(
-            cutoff=cutoff, deleted=sum(plan.values()), chunks=0, by_task=plan, dry_run=True
-        )
-    deleted = chunks = 0
-    while True:
-        count = _purge_chunk(alias, cutoff, chunk_size)
-        deleted, chunks = deleted + count, chunks + (count > 0)
-        progress(deleted)
-        if count < chunk_size:
-            break
-    log.info("outbox.dead_letters_purged", deleted=deleted, chunks=chunks, older_than_days=days)
-    return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
+    return purging.purge(
+        DEAD_LETTERS,
+        days,
+        alias=_alias(using),
+        dry_run=dry_run,
+        chunk_size=chunk_size,
+        progress=progress,
+    )
 
 
 def _moment(value: Any) -> datetime | None:

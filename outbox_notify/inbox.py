@@ -10,18 +10,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from datetime import timedelta
 from typing import Any, LiteralString
 
 import psycopg
 import structlog
-from django.db import OperationalError, connections, transaction
+from django.db import OperationalError
 from psycopg import generators, pq
 
-from outbox_notify import conf, deferred, rows, stats
+from outbox_notify import conf, deferred, purging, rows, stats
 from outbox_notify import sql as sql_files
-from outbox_notify.deadletter import PurgeResult
-from outbox_notify.exceptions import ConfigurationError, MarkedForRollback, OnceKeyError
+from outbox_notify.exceptions import MarkedForRollback, OnceKeyError
+from outbox_notify.purging import PurgeResult
 from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
@@ -277,25 +276,12 @@ def owner(connection: Any, key: OnceKey) -> str | None:
 # --- purge ------------------------------------------------------------------------------------
 
 
-def _purge_chunk(alias: str, cutoff: Any, chunk_size: int) -> int:
-    """Delete one chunk in its own transaction; return how many keys went."""
-    with transaction.atomic(using=alias), connections[alias].cursor() as cur:
-        cur.execute(queries()["purge_records_chunk"], {"cutoff": cutoff, "chunk": chunk_size})
-        return int(cur.rowcount)
-
-
-def _plan(alias: str, cutoff: Any) -> dict[str, int]:
-    """How many keys per task name are older than the cut-off (the dry-run report)."""
-    with connections[alias].cursor() as cur:
-        cur.execute(queries()["records_older_than_by_task"], {"cutoff": cutoff})
-        return {str(name): int(count) for name, count in cur.fetchall()}
-
-
-def _cutoff(alias: str, days: int) -> Any:
-    """now() on the database's clock minus `days`, the clock created_at uses."""
-    with connections[alias].cursor() as cur:
-        cur.execute(queries()["database_now"])
-        return cur.fetchone()[0] - timedelta(days=days)
+KEYS = purging.Target(
+    queries=queries,
+    plan="records_older_than_by_task",
+    chunk="purge_records_chunk",
+    event="outbox.inbox_purged",
+)
 
 
 def purge(
@@ -307,23 +293,8 @@ def purge(
 ) -> PurgeResult:
     """Delete keys older than N days (default: the retention setting), chunk by chunk."""
     days = conf.inbox_retention_days() if older_than_days is None else older_than_days
-    if days < 0 or chunk_size < 1:
-        raise ConfigurationError("older_than_days must be >= 0 and chunk_size >= 1")
     alias = using or conf.database_alias()
-    cutoff = _cutoff(alias, days)
-    if dry_run:
-        plan = _plan(alias, cutoff)
-        return PurgeResult(
-            cutoff=cutoff, deleted=sum(plan.values()), chunks=0, by_task=plan, dry_run=True
-        )
-    deleted = chunks = 0
-    while True:
-        count = _purge_chunk(alias, cutoff, chunk_size)
-        deleted, chunks = deleted + count, chunks + (count > 0)
-        if count < chunk_size:
-            break
-    log.info("outbox.inbox_purged", deleted=deleted, chunks=chunks, older_than_days=days)
-    return PurgeResult(cutoff=cutoff, deleted=deleted, chunks=chunks, by_task={}, dry_run=False)
+    return purging.purge(KEYS, days, alias=alias, dry_run=dry_run, chunk_size=chunk_size)
 
 
 # --- stats ------------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ class OnceTask(TaskBase):
     - `once_scope`: the namespace of the keys; None means the task's name. Tasks that set the
       same scope share their keys.
     - `once`: False makes the task a plain one (for a task_cls default with exceptions).
+
+    .. versionadded:: 0.1.0
     """
 
     once: ClassVar[bool] = True

@@ -84,6 +84,8 @@ class Consumer:
     `name` is the consumer's identity: its inbox scope (`events:<name>`), and its queue's name
     unless `queue` is given. Two consumers with different names each handle an event once.
     Everything about the broker is read when the consumer runs, never at import.
+
+    .. versionadded:: 0.1.0
     """
 
     def __init__(

@@ -53,6 +53,8 @@ def publish(
     "data", "id", "subject", "time". A str `exchange` is a durable topic exchange of that name;
     a kombu Exchange is declared as given. `routing_key` defaults to the event's type. Returns
     the envelope the consumers will receive (its `id` is the event id).
+
+    .. versionadded:: 0.1.0
     """
     envelope = to_envelope(event, source=conf.event_source())
     row = event_row(envelope, exchange=exchange, routing_key=routing_key, headers=headers)

@@ -1,7 +1,8 @@
 """The RabbitMQ fast path: a batch on one confirm-mode channel, its confirms awaited once.
 
 kombu with `confirm_publish` sends one message and waits a round trip for its confirm before
-the next (~1,600 msg/s here). This publisher builds every message with kombu's own pieces (the
+the next (figures: docs/benchmarks.md#ceiling-publishing-to-the-broker-without-a-database).
+This publisher builds every message with kombu's own pieces (the
 serializer and compression Producer.publish uses, its delivery-mode and expiration rules, the
 channel's own prepare_message), writes the whole batch on a channel in confirm mode with
 `mandatory` set, then reads acks, nacks and returns until each delivery tag is settled or the

@@ -1,6 +1,7 @@
 """The Redis fast path: a whole batch in one pipelined round trip, envelopes built by kombu.
 
-Celery over Redis publishes through kombu's Producer, which costs ~170 µs a message. For
+Celery over Redis publishes through kombu's Producer, a round trip a message (figures:
+docs/benchmarks.md#ceiling-publishing-to-the-broker-without-a-database). For
 messages routed the way Celery routes by default (the nameless exchange, the queue name as
 routing key, JSON, no compression), this publisher asks kombu's own Redis channel to build
 the very same envelope (prepare_message, then the in-place augmentation publish applies),

@@ -1,6 +1,6 @@
 """The wheel alone is a working install: built, installed in a fresh venv, migrated, notifying;
 with each extra alone, its relay and a Celery worker deliver a task through that extra's broker.
-The sdist carries what its own test suite needs: unpacked, the suite collects and runs there.
+The sdist is the package, its SQL and docs (not the tests: see the README), and builds that wheel.
 
 Slow (the wheel is built once; each venv is a pip install of about 10-30 s, two at a time; each
 delivery starts Django five times), and deliberately part of the normal suite: these are the
@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import importlib.metadata
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -413,7 +412,8 @@ def _deliver(python: Path, project: Path, env: dict[str, str], record: Path) -> 
     return executed_task
 
 
-# What the sdist holds at its top level: the package, and all that its tests import or read.
+# What the sdist holds at its top level: the package, its SQL and its docs. The tests and what
+# they run on stay in the repository (the README says to run the suite from a clone).
 SDIST_TOP = {
     "PKG-INFO",
     "pyproject.toml",
@@ -421,16 +421,8 @@ SDIST_TOP = {
     "README.md",
     "CHANGELOG.md",
     "LICENSE",
-    "Makefile",
-    "noxfile.py",
-    "constraints",
     "outbox_notify",
     "sql",
-    "tests",
-    "devtools",
-    "example",
-    "bench",
-    "chaos",
     "docs",
 }
 
@@ -445,27 +437,22 @@ def _unpacked_sdist(tmp_path: Path) -> Path:
     return root
 
 
-def test_sdist_carries_and_runs_its_tests(tmp_path: Path) -> None:
-    """Unpacked, the sdist has every file the suite imports (all collect) and its unit tier passes."""
+def _wheel_names(wheel_file: Path) -> list[str]:
+    with zipfile.ZipFile(wheel_file) as archive:
+        return sorted(name for name in archive.namelist() if ".dist-info/" not in name)
+
+
+def test_sdist_is_the_package_and_builds_the_same_wheel(tmp_path: Path, wheel: Path) -> None:
+    """The sdist holds the package, sql/ and docs/ only, says where the suite runs, and builds
+    a wheel with the files of the checkout's."""
     root = _unpacked_sdist(tmp_path)
     assert {path.name for path in root.iterdir()} == SDIST_TOP
     assert not list(root.rglob("__pycache__"))
-    for folder in ("sql", "sql/migrations", "docs", "constraints"):
-        assert sorted(p.name for p in (root / folder).iterdir()) == sorted(
-            p.name for p in (REPO / folder).iterdir() if p.name != "__pycache__"
-        ), folder
-    # Run from the unpacked tree, Python imports its copy, not the checkout this venv points at.
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    where = _run(
-        [sys.executable, "-c", "import outbox_notify; print(outbox_notify.__file__)"], root, env
-    )
-    assert Path(where.strip()).is_relative_to(root)
-    collected = _run([sys.executable, "-m", "pytest", "--collect-only", "-q"], root, env)
-    in_checkout = _run([sys.executable, "-m", "pytest", "--collect-only", "-q"], REPO, env)
-    # "N tests collected in T s": the same N.
-    assert (
-        collected.splitlines()[-1].split(" in ")[0] == in_checkout.splitlines()[-1].split(" in ")[0]
-    )
-    # _run fails the test on pytest's exit code: a collection error or a failing test.
-    unit = _run([sys.executable, "-m", "pytest", "-q", "tests/unit"], root, env)
-    assert " passed" in unit.splitlines()[-1], unit
+    tracked = _run(["git", "ls-files", "outbox_notify", "sql", "docs"], REPO).split()
+    packed = [str(p.relative_to(root)) for p in root.glob("*/**/*") if p.is_file()]
+    assert sorted(packed) == sorted(tracked)
+    assert "runs from a clone of the repository" in (root / "PKG-INFO").read_text()
+    out = tmp_path / "from-sdist"
+    _run([sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(root)], cwd=tmp_path)
+    (rebuilt,) = out.glob("outbox_notify-*.whl")
+    assert _wheel_names(rebuilt) == _wheel_names(wheel)

@@ -11,21 +11,23 @@ from typing import Any
 
 import structlog
 
+from outbox_notify.fakes import (
+    FakeClock,
+    FakeListener,
+    InMemoryStore,
+    RecordingMetrics,
+    ScriptedPublisher,
+    publishes_all,
+)
+from outbox_notify.fakes import (
+    claimed_row as row,
+)
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.outcome import Decided
 from outbox_notify.relay.publisher import Attempt, Result
 from outbox_notify.relay.reporting import BatchReport, Reporters, lag
 from outbox_notify.relay.store import Outcome
-from tests.unit.fakes import (
-    FakeClock,
-    FakeListener,
-    FakeStore,
-    RecordingMetrics,
-    ScriptedPublisher,
-    publishes_all,
-    row,
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Modules the core must not pull in: Django's settings, database, signals and app registry,
@@ -59,10 +61,11 @@ def test_the_core_runs_in_a_process_without_django_settings() -> None:
         from outbox_notify.relay.config import RelayConfig
         from outbox_notify.relay.listener import Wake
         from outbox_notify.relay.loop import Relay
-        from tests.unit.fakes import FakeClock, FakeListener, FakeStore, publishes_all, row
+        from outbox_notify.fakes import FakeClock, FakeListener, InMemoryStore, publishes_all
+        from outbox_notify.fakes import claimed_row as row
 
         clock = FakeClock()
-        store = FakeStore([row(1), row(2)])
+        store = InMemoryStore([row(1), row(2)])
         listener = FakeListener(clock=clock, store=store, waits=[Wake.SIGNAL])
         relay = Relay(
             RelayConfig(), store=store, listener=listener, publisher=publishes_all(), clock=clock
@@ -103,7 +106,7 @@ class Broken:
         raise RuntimeError("reporter bug")
 
 
-def relay_with(store: FakeStore, publisher: ScriptedPublisher, **options: Any) -> Relay:
+def relay_with(store: InMemoryStore, publisher: ScriptedPublisher, **options: Any) -> Relay:
     return Relay(
         RelayConfig(), store=store, listener=None, publisher=publisher, clock=FakeClock(), **options
     )
@@ -112,7 +115,9 @@ def relay_with(store: FakeStore, publisher: ScriptedPublisher, **options: Any) -
 def test_every_reporter_hears_each_committed_batch_even_after_one_fails() -> None:
     """A reporter that raises is logged (outbox.reporter_failed); the next still hears."""
     recorder = Recorder()
-    relay = relay_with(FakeStore([row(1), row(2)]), publishes_all(), reporters=[Broken(), recorder])
+    relay = relay_with(
+        InMemoryStore([row(1), row(2)]), publishes_all(), reporters=[Broken(), recorder]
+    )
     with structlog.testing.capture_logs() as logs:
         relay.process_batch()
     [report] = recorder.reports
@@ -129,7 +134,7 @@ def test_metrics_hear_counts_and_a_lag_on_the_database_clock() -> None:
     metrics = RecordingMetrics()
     answers = {1: Result.PUBLISHED, 2: Result.PUBLISHED, 3: Result.FAILED, 4: Result.OUTAGE}
     publisher = ScriptedPublisher(lambda m: Attempt(answers[m.row.id], "boom"))
-    store = FakeStore([row(1, age=3.0), row(2, age=7.5), row(3), row(4), row(5, retries=4)])
+    store = InMemoryStore([row(1, age=3.0), row(2, age=7.5), row(3), row(4), row(5, retries=4)])
     answers[5] = Result.FAILED  # its fifth failure: dead-lettered
     relay_with(store, publisher, metrics=metrics).process_batch()
     calls = dict(metrics.calls)
@@ -177,7 +182,7 @@ def test_reporters_run_in_the_order_given() -> None:
 def test_listening_relay_sleeps_through_the_wake_channel_protocol() -> None:
     """A Relay takes any WakeChannel: the fake one drives a full drain-then-sleep cycle."""
     clock = FakeClock()
-    store = FakeStore([row(1)])
+    store = InMemoryStore([row(1)])
     listener = FakeListener(clock=clock, store=store)
     relay = Relay(
         RelayConfig(), store=store, listener=listener, publisher=publishes_all(), clock=clock

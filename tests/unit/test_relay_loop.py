@@ -6,15 +6,16 @@ from typing import Any
 
 import pytest
 
+from outbox_notify.fakes import FakeClock, InMemoryStore, RecordingMetrics, ScriptedPublisher
+from outbox_notify.fakes import claimed_row as row
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import Attempt, Result
 from outbox_notify.relay.store import SnapshotHolder
-from tests.unit.fakes import FakeClock, FakeStore, RecordingMetrics, ScriptedPublisher, row
 
 
 def relay(
-    store: FakeStore, publisher: ScriptedPublisher, metrics: Any = None, **config: Any
+    store: InMemoryStore, publisher: ScriptedPublisher, metrics: Any = None, **config: Any
 ) -> Relay:
     return Relay(
         RelayConfig(**config),
@@ -28,7 +29,7 @@ def relay(
 
 def test_published_rows_are_finished_as_published() -> None:
     """A successful batch finishes with every id in `published`."""
-    store = FakeStore([row(1), row(2)])
+    store = InMemoryStore([row(1), row(2)])
     assert relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED))).process_batch() == (
         2,
         False,
@@ -39,7 +40,7 @@ def test_published_rows_are_finished_as_published() -> None:
 def test_ordinary_failure_spends_a_retry_then_dead_letters() -> None:
     """A failing message is rescheduled with backoff until max_retries, then dead-lettered."""
     failing = ScriptedPublisher(lambda m: Attempt(Result.FAILED, "boom"))
-    store = FakeStore([row(1, retries=0), row(2, retries=1)])
+    store = InMemoryStore([row(1, retries=0), row(2, retries=1)])
     relay(store, failing, max_retries=2, backoff_time=1.0, max_backoff=10.0).process_batch()
     [retry] = store.finished[0].retry
     [dead] = store.finished[0].dead
@@ -51,7 +52,7 @@ def test_ordinary_failure_spends_a_retry_then_dead_letters() -> None:
 
 def test_outage_spends_nothing_and_opens_the_breaker() -> None:
     """Outages leave rows untouched; the third in a row opens the breaker."""
-    store = FakeStore([row(1)])
+    store = InMemoryStore([row(1)])
     r = relay(
         store,
         ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "refused")),
@@ -65,7 +66,7 @@ def test_outage_spends_nothing_and_opens_the_breaker() -> None:
 
 def test_an_outage_never_spends_a_retry_however_often_it_repeats() -> None:
     """Only the publisher's FAILED spends retries; the same row in outage forever keeps them."""
-    store = FakeStore([row(1)])
+    store = InMemoryStore([row(1)])
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "reset")), max_retries=1)
     for _ in range(10):
         assert r.process_batch() == (1, True)
@@ -75,7 +76,7 @@ def test_an_outage_never_spends_a_retry_however_often_it_repeats() -> None:
 def test_undecodable_rows_are_dead_lettered_without_publishing() -> None:
     """A row whose options are not JSON goes to the dead letters; the publisher never sees it."""
     publisher = ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED))
-    store = FakeStore([row(1, options="{not json")])
+    store = InMemoryStore([row(1, options="{not json")])
     relay(store, publisher).process_batch()
     [dead] = store.finished[0].dead
     assert dead.reason.startswith("undecodable:")
@@ -84,7 +85,7 @@ def test_undecodable_rows_are_dead_lettered_without_publishing() -> None:
 
 def test_skipped_messages_are_released_untouched() -> None:
     """Messages not attempted (deadline) appear in no list of the outcome."""
-    store = FakeStore([row(1), row(2)])
+    store = InMemoryStore([row(1), row(2)])
     answers = iter([Attempt(Result.PUBLISHED), Attempt(Result.SKIPPED)])
     relay(store, ScriptedPublisher(lambda m: next(answers))).process_batch()
     assert list(store.finished[0].published) == [1]
@@ -96,7 +97,7 @@ def test_skipped_messages_are_released_untouched() -> None:
 def test_gauges_sampled_every_interval_more_often_with_metrics(with_metrics: bool) -> None:
     """Gauges cost a query: every 15 s with metrics on, every 60 s (the dead-rows check) off."""
     metrics = RecordingMetrics() if with_metrics else None
-    store = FakeStore([])
+    store = InMemoryStore([])
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
     r.sample_gauges()
     r.sample_gauges()
@@ -117,7 +118,7 @@ def test_dead_rows_past_the_threshold_warn_with_what_holds_them_at_most_every_in
     import structlog
 
     holder = SnapshotHolder(kind="session", xids=12, seconds=600.0, pid=42, name="psql")
-    store = FakeStore([])
+    store = InMemoryStore([])
     store.dead_rows, store.holder = Relay.DEAD_ROWS_WARNING, holder
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)))
     with structlog.testing.capture_logs() as logs:
@@ -146,7 +147,7 @@ def test_outage_error_text_reaches_the_log() -> None:
     """The broker's error text is logged with outbox.broker_unavailable."""
     import structlog
 
-    store = FakeStore([row(1)])
+    store = InMemoryStore([row(1)])
     r = relay(
         store, ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "ConnectionError: refused"))
     )
@@ -161,7 +162,7 @@ def test_a_gauge_error_is_logged_and_the_relay_carries_on() -> None:
     import structlog
 
     metrics = RecordingMetrics()
-    store = FakeStore([row(1)])
+    store = InMemoryStore([row(1)])
     store.gauge_error = "permission denied for table outbox_notify_dead_letter_v1"
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
     with structlog.testing.capture_logs() as logs:

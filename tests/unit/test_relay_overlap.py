@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable
+from outbox_notify.fakes import OPTIONS, FakeClock, InMemoryClaim, RecordingMetrics
+from outbox_notify.fakes import claimed_row as row
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, PublishDeadline, Result
 from outbox_notify.relay.store import ClaimedRow, ClaimWouldWait, Outcome, QueueGauges
-from tests.unit.fakes import OPTIONS, FakeClaim, FakeClock, RecordingMetrics, row
 
 
 class Table:
@@ -46,7 +47,7 @@ class SharedStore:
     def close(self) -> None: ...
 
     @contextlib.contextmanager
-    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[FakeClaim]:
+    def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[InMemoryClaim]:
         table = self.table
         if table.locked_for and lock_wait is not None:
             table.log.append(f"claim {self.name} would wait")
@@ -80,7 +81,7 @@ class SharedStore:
     def send_probe(self, payload: str) -> None: ...
 
 
-class _Claim(FakeClaim):
+class _Claim(InMemoryClaim):
     def __init__(self, store: SharedStore, rows: list[ClaimedRow], number: int) -> None:
         super().__init__(rows)
         self.store = store

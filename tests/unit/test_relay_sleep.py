@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from outbox_notify.fakes import FakeClock, FakeListener, InMemoryStore, publishes_all
+from outbox_notify.fakes import claimed_row as row
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake
 from outbox_notify.relay.loop import Relay
-from tests.unit.fakes import FakeClock, FakeListener, FakeStore, publishes_all, row
 
 SWEEP = 2.0  # seconds: the relay's --sweep-interval in these tests
 LOCK_WAIT = 0.05  # seconds: its --lock-wait
@@ -20,7 +21,7 @@ LOCK_WAIT = 0.05  # seconds: its --lock-wait
 def sleeper(listener_options: dict[str, Any] | None = None, rows: int = 0) -> Relay:
     """A listening relay on fakes, ready to sleep (as after a drain that found nothing)."""
     clock = FakeClock()
-    store = FakeStore([row(n) for n in range(1, rows + 1)])
+    store = InMemoryStore([row(n) for n in range(1, rows + 1)])
     listener = FakeListener(clock=clock, store=store, lock_wait=LOCK_WAIT)
     for name, value in (listener_options or {}).items():
         setattr(listener, name, value)
@@ -40,8 +41,8 @@ def fake(relay: Relay) -> FakeListener:
     return relay.listener
 
 
-def store(relay: Relay) -> FakeStore:
-    assert isinstance(relay.store, FakeStore)
+def store(relay: Relay) -> InMemoryStore:
+    assert isinstance(relay.store, InMemoryStore)
     return relay.store
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import structlog
 
+from outbox_notify.fakes import FakeClock, InMemoryStore, publishes_all
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.loop import Relay
-from tests.unit.fakes import FakeClock, FakeStore, publishes_all
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def test_sigterm_while_the_relay_writes_a_log_line_stops_it() -> None:
         from outbox_notify.relay.config import RelayConfig
         from outbox_notify.relay.loop import Relay
         from outbox_notify.relay.runner import stop_signals
-        from tests.unit.fakes import FakeClock, FakeStore, publishes_all
+        from outbox_notify.fakes import FakeClock, InMemoryStore, publishes_all
 
         lines = []
         lock = threading.Lock()
@@ -57,7 +57,7 @@ def test_sigterm_while_the_relay_writes_a_log_line_stops_it() -> None:
             cache_logger_on_first_use=False,
         )
         clock = FakeClock()
-        relay = Relay(RelayConfig(), store=FakeStore([]), listener=None,
+        relay = Relay(RelayConfig(), store=InMemoryStore([]), listener=None,
                       publisher=publishes_all(), clock=clock)
         holder = [relay]
         with stop_signals(holder):
@@ -82,7 +82,7 @@ def test_sigterm_while_the_relay_writes_a_log_line_stops_it() -> None:
 def test_request_stop_only_records_and_the_loop_logs_it_once() -> None:
     relay = Relay(
         RelayConfig(),
-        store=FakeStore([]),
+        store=InMemoryStore([]),
         listener=None,
         publisher=publishes_all(),
         clock=FakeClock(),
@@ -101,7 +101,11 @@ def test_a_stop_the_loop_never_looked_at_is_logged_before_the_relay_ends() -> No
     """outbox_sweep's drain may end without reading `stopping` again after the signal."""
     clock = FakeClock()
     relay = Relay(
-        RelayConfig(), store=FakeStore([]), listener=None, publisher=publishes_all(), clock=clock
+        RelayConfig(),
+        store=InMemoryStore([]),
+        listener=None,
+        publisher=publishes_all(),
+        clock=clock,
     )
     relay.request_stop()
     clock.now += 2.5
