@@ -18,11 +18,12 @@ import structlog
 from django.db import OperationalError, connections, transaction
 from psycopg import generators, pq
 
-from outbox_notify import conf, deferred, rows, stats
+from outbox_notify import _compat as gates
+from outbox_notify import conf, stats
 from outbox_notify import sql as sql_files
+from outbox_notify._write import deferred, rows
 from outbox_notify.deadletter import PurgeResult
 from outbox_notify.exceptions import ConfigurationError, MarkedForRollback, OnceKeyError
-from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
 
