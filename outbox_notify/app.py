@@ -15,8 +15,8 @@ from django.core import checks as django_checks
 from kombu.utils.objects import cached_property
 
 from outbox_notify import _chord_calls as chord_calls
-from outbox_notify import compact, context, held, observability, serialization, transport
-from outbox_notify._write import batching, instrumentation, message_templates, results
+from outbox_notify import compact, held, observability, serialization, transport
+from outbox_notify._write import batching, context, instrumentation, message_templates, results
 from outbox_notify._write import settings as write_settings
 from outbox_notify._write.rows import insert_row
 from outbox_notify.exceptions import ConfigurationError

@@ -42,8 +42,8 @@ from celery.utils.saferepr import saferepr
 from django.core.signals import setting_changed
 from kombu import Exchange, Queue
 
-from outbox_notify import conf, context, serialization
-from outbox_notify._write import instrumentation
+from outbox_notify import compact, conf, serialization
+from outbox_notify._write import context, instrumentation
 from outbox_notify._write import settings as write_settings
 from outbox_notify.limits import MAX_BYTES_PER_CHARACTER
 
@@ -68,29 +68,7 @@ _FULL_PATH = frozenset(
 )
 # The headers Celery writes itself (celery.app.amqp.AMQP.as_task_v2): a custom header of one
 # of these names replaces Celery's value, which the template path does not attempt.
-CELERY_HEADERS = frozenset(
-    {
-        "lang",
-        "task",
-        "id",
-        "shadow",
-        "eta",
-        "expires",
-        "group",
-        "group_index",
-        "retries",
-        "timelimit",
-        "root_id",
-        "parent_id",
-        "argsrepr",
-        "kwargsrepr",
-        "origin",
-        "ignore_result",
-        "replaced_task_nesting",
-        "stamped_headers",
-        "stamps",
-    }
-)
+CELERY_HEADERS = frozenset(compact.HEADER_ORDER)
 _SIGNALS = (
     celery_signals.before_task_publish,
     celery_signals.after_task_publish,
