@@ -8,8 +8,8 @@ __all__ = ["OnceTask", "OutboxCelery", "bulk"]
 __version__ = "0.1.0.dev0"
 
 if TYPE_CHECKING:
+    from outbox_notify._write.batching import bulk
     from outbox_notify.app import OutboxCelery
-    from outbox_notify.batching import bulk
     from outbox_notify.once import OnceTask
 
 
@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return OutboxCelery
     if name == "bulk":
-        from outbox_notify.batching import bulk
+        from outbox_notify._write.batching import bulk
 
         return bulk
     if name == "OnceTask":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import celery
@@ -14,23 +14,12 @@ from celery.result import AsyncResult
 from django.core import checks as django_checks
 from kombu.utils.objects import cached_property
 
-from outbox_notify import (
-    batching,
-    chords,
-    compact,
-    context,
-    held,
-    instrumentation,
-    observability,
-    results,
-    serialization,
-    templates,
-    transport,
-    writeconf,
-)
-from outbox_notify.checks import check_app_installed
+from outbox_notify import _chord_calls as chord_calls
+from outbox_notify import compact, held, observability, serialization, transport
+from outbox_notify._write import batching, context, instrumentation, message_templates, results
+from outbox_notify._write import settings as write_settings
+from outbox_notify._write.rows import insert_row
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.rows import insert_row
 
 # Producer and connection arguments name a broker path we do not take.
 _BROKER_ARGS = ("producer", "connection", "publisher")
@@ -109,10 +98,10 @@ class OutboxCelery(celery.Celery):
         backend.on_task_call = skip_while_recording
         # Celery subscribes to results as it sends a group or builds a group's result: those
         # subscriptions are kept until something waits (results.py).
-        results.defer(backend, collector=batching.active, replaying=chords.replaying)
+        results.defer(backend, collector=batching.active, replaying=chord_calls.replaying)
         # A chord's size (and a header of groups) goes to the backend from the relay, just
-        # before the header's tasks are published (chords.py).
-        chords.wrap(backend, recording=lambda: batching.active() is not None)
+        # before the header's tasks are published (_chord_calls.py).
+        chord_calls.wrap(backend, recording=lambda: batching.active() is not None)
         return backend
 
     @cached_property
@@ -140,11 +129,11 @@ class OutboxCelery(celery.Celery):
     def send_task(  # type: ignore[override]
         self, name: str, args: Any = None, kwargs: Any = None, **options: Any
     ) -> AsyncResult[Any]:
-        settings = writeconf.current()
+        settings = write_settings.current()
         if name in settings.exclude_tasks:
             return self._send_past_outbox(name, args, kwargs, options)
         wrapper = instrumentation.send_task_wrapper()
-        if wrapper is instrumentation.UNKNOWN or not instrumentation.plain_super_send_task(self):
+        if wrapper is instrumentation.UNKNOWN or not self.plain_super_send_task():
             # Something wraps Celery's send_task that the template path cannot stand in for.
             made = self.record(name, args, kwargs, options, settings, send=super().send_task)
         elif wrapper is None:
@@ -176,16 +165,21 @@ class OutboxCelery(celery.Celery):
         with super().producer_or_acquire() as producer:
             return super().send_task(name, args, kwargs, producer=producer, **options)
 
+    def plain_super_send_task(self) -> bool:
+        """Whether the send_task this app's super() reaches is celery.Celery's own."""
+        klass: Any = type(self)
+        return _plain_super(klass)
+
     def record(
         self,
         name: str,
         args: Any,
         kwargs: Any,
         options: dict[str, Any],
-        settings: writeconf.WriteSettings,
+        settings: write_settings.WriteSettings,
         *,
         send: Any = None,
-    ) -> templates.Made:
+    ) -> message_templates.Made:
         """Let Celery build the message against a recording producer; return it as a row.
 
         `send` is the send_task that builds it (Celery's own, unwrapped, by default).
@@ -202,13 +196,15 @@ class OutboxCelery(celery.Celery):
         result = send(name, args, kwargs, producer=recorder, **options)
         if recorder.recorded is None:
             raise ConfigurationError(f"Celery did not produce a message for task {name!r}")
-        return templates.Made(result=result, row=self.row_from(recorder, relative, settings))
+        return message_templates.Made(
+            result=result, row=self.row_from(recorder, relative, settings)
+        )
 
     def row_from(
         self,
         recorder: RecordingProducer,
         relative: dict[str, float],
-        settings: writeconf.WriteSettings,
+        settings: write_settings.WriteSettings,
     ) -> serialization.OutboxRow:
         """The validated outbox row for what a RecordingProducer recorded."""
         assert recorder.recorded is not None
@@ -231,13 +227,15 @@ class OutboxCelery(celery.Celery):
         return row
 
 
-def _build(app: OutboxCelery, name: str, args: Any, kwargs: Any, **options: Any) -> templates.Made:
+def _build(
+    app: OutboxCelery, name: str, args: Any, kwargs: Any, **options: Any
+) -> message_templates.Made:
     """The message and row of one call: from its shape's template, or Celery's full path.
 
     Called as Celery's send_task would be (positional app, name, args, kwargs), so a tracing
     wrapper of Celery's send_task can be applied around it (see instrumentation.py).
     """
-    return _build_call(app, name, args, kwargs, options, settings=writeconf.current())
+    return _build_call(app, name, args, kwargs, options, settings=write_settings.current())
 
 
 def _build_call(
@@ -247,10 +245,10 @@ def _build_call(
     kwargs: Any,
     options: dict[str, Any],
     *,
-    settings: writeconf.WriteSettings,
-) -> templates.Made:
-    call = templates.Call(app=app, name=name, args=args, kwargs=kwargs, options=options)
-    return templates.enqueue(call, settings)
+    settings: write_settings.WriteSettings,
+) -> message_templates.Made:
+    call = message_templates.Call(app=app, name=name, args=args, kwargs=kwargs, options=options)
+    return message_templates.enqueue(call, settings)
 
 
 _wrapped_builds: dict[Any, Any] = {}
@@ -289,4 +287,36 @@ def check_task_protocol(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         )
         for app in sorted(apps, key=lambda a: str(a.main))
         if app.conf.task_protocol != 2
+    ]
+
+
+@functools.cache
+def _plain_super(klass: Any) -> bool:
+    mro = klass.__mro__
+    after = mro[mro.index(OutboxCelery) + 1 :]
+    owner = next((klass for klass in after if "send_task" in vars(klass)), None)
+    return owner is celery.Celery
+
+
+def check_app_installed(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[django_checks.CheckMessage]:
+    """E008 when an OutboxCelery exists but outbox_notify is not an installed Django app.
+
+    Registered by OutboxCelery itself: without the app, ready() never registers anything.
+    """
+    from django.apps import apps
+
+    names = sorted(str(app.main) for app in instances)
+    if not names or apps.is_installed("outbox_notify"):
+        return []
+    return [
+        django_checks.Error(
+            f"'outbox_notify' is missing, but OutboxCelery {', '.join(map(repr, names))} writes "
+            "tasks to the outbox: no migration creates the outbox tables and the relay commands "
+            "do not exist",
+            hint="add 'outbox_notify' to INSTALLED_APPS, then run: python manage.py migrate",
+            obj="INSTALLED_APPS",
+            id="outbox_notify.E008",
+        )
     ]

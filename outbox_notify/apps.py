@@ -13,7 +13,8 @@ class OutboxNotifyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from outbox_notify import checks, deferred, wiring
+        from outbox_notify import checks, wiring
+        from outbox_notify._write import deferred
 
         checks.register()
         # Imports the configured Celery app (which connects to nothing) and makes it the app

@@ -180,32 +180,6 @@ def check_broker(
     return messages
 
 
-def check_app_installed(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """E008 when an OutboxCelery exists but outbox_notify is not an installed Django app.
-
-    Registered by OutboxCelery itself: without the app, ready() never registers anything.
-    """
-    from django.apps import apps
-
-    from outbox_notify.app import instances
-
-    names = sorted(str(app.main) for app in instances)
-    if not names or apps.is_installed("outbox_notify"):
-        return []
-    return [
-        checks.Error(
-            f"'outbox_notify' is missing, but OutboxCelery {', '.join(map(repr, names))} writes "
-            "tasks to the outbox: no migration creates the outbox tables and the relay commands "
-            "do not exist",
-            hint="add 'outbox_notify' to INSTALLED_APPS, then run: python manage.py migrate",
-            obj="INSTALLED_APPS",
-            id="outbox_notify.E008",
-        )
-    ]
-
-
 def _check_psycopg() -> list[checks.CheckMessage]:
     try:
         import psycopg

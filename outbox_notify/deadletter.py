@@ -18,10 +18,11 @@ from typing import Any
 import structlog
 from django.db import connections, transaction
 
-from outbox_notify import conf, purging, serialization
+from outbox_notify import _purging as purging
+from outbox_notify import conf, serialization
+from outbox_notify._purging import Progress, PurgeResult
+from outbox_notify._purging import silent as _silent
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.purging import Progress, PurgeResult
-from outbox_notify.purging import silent as _silent
 from outbox_notify.stats import Cursor, queries
 
 log = structlog.get_logger("outbox_notify")

@@ -207,10 +207,10 @@ class OutboxControl(Control):
         **kwargs: Any,
     ) -> Any:
         """Cancel the task's outbox rows (in the caller's transaction), then broadcast."""
-        from outbox_notify import writeconf
+        from outbox_notify._write import settings as write_settings
 
         ids = [task_id] if isinstance(task_id, str) else list(task_id)
-        cancel_tasks(ids, alias=writeconf.current().alias, app=self.app)
+        cancel_tasks(ids, alias=write_settings.current().alias, app=self.app)
         return super().revoke(
             task_id, destination=destination, terminate=terminate, signal=signal, **kwargs
         )

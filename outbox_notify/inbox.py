@@ -17,11 +17,13 @@ import structlog
 from django.db import OperationalError
 from psycopg import generators, pq
 
-from outbox_notify import conf, deferred, purging, rows, stats
+from outbox_notify import _compat as gates
+from outbox_notify import _purging as purging
+from outbox_notify import conf, stats
 from outbox_notify import sql as sql_files
+from outbox_notify._purging import PurgeResult
+from outbox_notify._write import deferred, rows
 from outbox_notify.exceptions import MarkedForRollback, OnceKeyError
-from outbox_notify.purging import PurgeResult
-from outbox_notify.relay import gates
 
 log = structlog.get_logger("outbox_notify")
 

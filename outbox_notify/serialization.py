@@ -33,7 +33,7 @@ SCHEMA_VERSION = 4
 # stores it only for a message the compact layout cannot hold (compact.py).
 DEFAULT_VERSION = 1
 # Version 2 is version 1 plus `backend_calls`: result-backend calls (a chord's size) the relay
-# makes before it publishes the row (chords.py); a relay that predates them must not take it.
+# makes before it publishes the row (_chord_calls.py); a relay that predates them must not take it.
 BACKEND_CALLS_VERSION = 2
 # Version 3 is a domain event (outbox_notify.events.publishing): `args` holds the event's data,
 # `kwargs` its other CloudEvents attributes, `options` its exchange, routing key and headers.
@@ -101,7 +101,7 @@ class PublishSpec:
     declare_json: list[dict[str, Any]]  # queues as stored; kombu objects built on demand
     # Fields of the `task-sent` event to publish once the task is out (task_send_sent_event).
     sent_event: dict[str, Any] | None = None
-    # Result-backend calls to make before the message goes out (schema version 2, chords.py).
+    # Result-backend calls to make before the message goes out (schema version 2, _chord_calls.py).
     backend_calls: list[dict[str, Any]] | None = None
     # An exchange to declare (once per connection) before publishing: a domain event's.
     declare_exchange: Exchange | None = None

@@ -49,7 +49,7 @@ def main() -> None:
 
     django.setup()
     from outbox_notify import app as outbox_app
-    from outbox_notify import instrumentation, templates
+    from outbox_notify._write import instrumentation, message_templates
     from outbox_notify.app import RecordingProducer
     from tests.celery_app import add, app
 
@@ -73,12 +73,12 @@ def main() -> None:
         with sentry_sdk.start_transaction(name=name):
             send(f"{name}-first")  # builds the template
             send(f"{name}-same")  # the template path
-            real_check = templates._publish_unobserved
-            templates._publish_unobserved = lambda: False  # type: ignore[assignment]
+            real_check = message_templates._publish_unobserved
+            message_templates._publish_unobserved = lambda: False  # type: ignore[assignment]
             try:
                 send(f"{name}-same")  # Celery's full path
             finally:
-                templates._publish_unobserved = real_check  # type: ignore[assignment]
+                message_templates._publish_unobserved = real_check  # type: ignore[assignment]
     sentry_sdk.flush()
     result["rows"] = [dataclasses.asdict(row) for row in rows]
     result["built"] = built

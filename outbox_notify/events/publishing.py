@@ -24,7 +24,8 @@ from typing import Any
 
 from kombu import Exchange
 
-from outbox_notify import conf, context, limits, rows
+from outbox_notify import conf, limits
+from outbox_notify._write import context, rows
 from outbox_notify.events.envelope import HEADER_PREFIX, Envelope, binding_headers, new_event_id
 from outbox_notify.exceptions import SerializationError
 from outbox_notify.serialization import EVENT_VERSION, OutboxRow, dumps, exchange_to_json

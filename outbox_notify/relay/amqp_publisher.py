@@ -41,8 +41,9 @@ from kombu.compression import compress
 from kombu.entity import maybe_delivery_mode
 from kombu.serialization import dumps as kombu_dumps
 
+from outbox_notify import _compat as gates
 from outbox_notify.exceptions import BrokerUnavailable
-from outbox_notify.relay import amqp_properties, gates
+from outbox_notify.relay import amqp_properties
 from outbox_notify.relay._confirm_ledger import (
     Confirm,
     ConfirmLedger,

@@ -1,7 +1,7 @@
 """The relay makes a chord's result-backend calls before it publishes the chord's header.
 
 Rows of schema version 2 carry the calls Celery would have made on the result backend when
-the chord was applied (outbox_notify/chords.py: the chord size, a header of groups). This
+the chord was applied (outbox_notify/_chord_calls.py: the chord size, a header of groups). This
 publisher wrapper makes them, with the relay app's result backend, before the wrapped
 publisher sends the rows that carry them; a header task can then never finish before the
 backend knows its chord. Each call is made once per relay process (its id is remembered);
@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from outbox_notify import chords
+from outbox_notify import _chord_calls as chord_calls
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     OUTAGE_ERRORS,
@@ -102,7 +102,7 @@ class ChordPublisher:
             if call_id and call_id in self.made:
                 continue
             try:
-                chords.apply(self.app.backend, self.app, call)
+                chord_calls.apply(self.app.backend, self.app, call)
             except Exception as exc:
                 return self._failed(call, exc)
             if call_id:

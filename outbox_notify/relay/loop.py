@@ -42,7 +42,6 @@ from outbox_notify.relay import messages
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
-from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import (
     Pending,
     PublishDeadline,
@@ -67,6 +66,7 @@ from outbox_notify.relay.store import (
     QueueGauges,
     Store,
 )
+from outbox_notify.relay.timing import Backoff, Breaker, Clock, SystemClock
 
 log = structlog.get_logger("outbox_notify")
 

@@ -6,9 +6,9 @@ import dataclasses
 from collections.abc import Sequence
 
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.policy import Backoff
 from outbox_notify.relay.publisher import Attempt, Result
 from outbox_notify.relay.store import ClaimedRow, Dead, Outcome, Retry
+from outbox_notify.relay.timing import Backoff
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

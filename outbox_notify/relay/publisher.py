@@ -25,7 +25,7 @@ from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.relay.config import SEND_TIMEOUTS_PER_STEP
 from outbox_notify.relay.isolation import Isolation
 from outbox_notify.relay.messages import OutgoingMessage
-from outbox_notify.relay.policy import Clock
+from outbox_notify.relay.timing import Clock
 
 log = structlog.get_logger("outbox_notify")
 

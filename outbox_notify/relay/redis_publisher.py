@@ -9,7 +9,7 @@ and sends all LPUSHes of the batch in one pipeline. Domain events (relay/message
 version 3) to a direct or topic exchange take the same path: their queues are looked up with
 kombu's own `_lookup` once per exchange and routing key in a batch (kombu looks them up for
 every message, a round trip each), and the envelope goes to each queue as kombu's exchange
-would put it there. Anything else (and anything on versions relay/gates.py does not accept)
+would put it there. Anything else (and anything on versions outbox_notify/_compat.py does not accept)
 goes through the KombuPublisher it wraps, so every message is still exactly what Celery, or
 kombu's Producer.publish, would have sent.
 """
@@ -23,8 +23,9 @@ from kombu.common import maybe_declare
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
+from outbox_notify import _compat as gates
 from outbox_notify.exceptions import BrokerUnavailable
-from outbox_notify.relay import fastjson, gates
+from outbox_notify.relay import fastjson
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import (
     Attempt,

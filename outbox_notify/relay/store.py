@@ -142,16 +142,6 @@ class Store(Protocol):
     def send_probe(self, payload: str) -> None: ...
 
 
-def connection_kwargs(alias: str) -> dict[str, Any]:
-    """psycopg.connect() keywords for a Django alias (see runner.connection_kwargs).
-
-    Kept here for the callers that import it from the store; the store itself never calls it.
-    """
-    from outbox_notify.relay import runner
-
-    return runner.connection_kwargs(alias)
-
-
 @contextlib.contextmanager
 def translated(what: str) -> Iterator[None]:
     """Turn driver errors raised inside the block into the library's exceptions."""

@@ -16,7 +16,7 @@ from django.test import Client, override_settings
 from django.urls import reverse
 
 from outbox_notify.models import DeadLetter, OutboxMessage
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: the actions must skip rows a relay holds, which a second connection can

@@ -11,7 +11,8 @@ import celery
 import pytest
 from kombu import Exchange
 
-from outbox_notify.relay import gates, messages
+from outbox_notify import _compat
+from outbox_notify.relay import messages
 from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
 from outbox_notify.relay.publisher import KombuPublisher, Result
 from tests.integration.test_fast_path import claimed
@@ -158,12 +159,12 @@ def test_fast_path_declares_each_queue_once_per_connection(
 
 def test_gate_accepts_the_installed_releases() -> None:
     """The versions this suite runs on are inside the gates (else the fast paths never ran)."""
-    channel: Any = type("Channel", (), {name: None for name in gates.AMQP_CHANNEL_NEEDS})()
+    channel: Any = type("Channel", (), {name: None for name in _compat.AMQP_CHANNEL_NEEDS})()
     transport = type("Transport", (), {"having_timeout": None, "sock": None})()
     connection: Any = type(
-        "Connection", (), {**dict.fromkeys(gates.AMQP_CONNECTION_NEEDS), "transport": transport}
+        "Connection", (), {**dict.fromkeys(_compat.AMQP_CONNECTION_NEEDS), "transport": transport}
     )()
-    assert gates.amqp_problem(connection, channel) is None
+    assert _compat.amqp_problem(connection, channel) is None
 
 
 def test_fast_path_unavailable_is_logged_once_and_kombu_publishes(
@@ -175,7 +176,7 @@ def test_fast_path_unavailable_is_logged_once_and_kombu_publishes(
     """Outside the tested releases the general path publishes, and says so once."""
     import structlog
 
-    monkeypatch.setattr(gates, "AMQP_TESTED", ((9, 0), (9, 9)))
+    monkeypatch.setattr(_compat, "AMQP_TESTED", ((9, 0), (9, 9)))
     _, fast = publishers
     now = dt.datetime.now(dt.UTC)
     batch = [messages.prepare(claimed(queue_name), now) for _ in range(2)]

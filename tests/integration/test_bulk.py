@@ -12,7 +12,8 @@ import pytest
 from celery import group
 from django.db import DataError, OperationalError, connection, transaction
 
-from outbox_notify import OutboxCelery, bulk, rows
+from outbox_notify import OutboxCelery, bulk
+from outbox_notify._write import rows
 from outbox_notify.app import RecordingProducer
 from outbox_notify.exceptions import SerializationError
 from outbox_notify.models import OutboxMessage
@@ -34,7 +35,7 @@ def copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         sizes.append(len(batch))
         real(batch, alias, app, **kwargs)
 
-    monkeypatch.setattr("outbox_notify.batching.insert_rows", counting)
+    monkeypatch.setattr("outbox_notify._write.batching.insert_rows", counting)
     return sizes
 
 

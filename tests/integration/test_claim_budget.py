@@ -23,10 +23,10 @@ import pytest
 from outbox_notify.relay import messages
 from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.policy import SystemClock
 from outbox_notify.relay.publisher import KombuPublisher, PublishDeadline, Result
 from outbox_notify.relay.runner import connection_kwargs
 from outbox_notify.relay.store import ClaimStore, ClaimWouldWait
+from outbox_notify.relay.timing import SystemClock
 from outbox_notify.serialization import SCHEMA_VERSION
 from tests.integration.test_fast_path import claimed
 

@@ -18,7 +18,7 @@ from django.core.management.base import CommandError
 from psycopg import sql as pgsql
 
 from devtools.pgserver import free_port
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 from tests.relay_support import ROOT
 
 COMMANDS = {

@@ -21,7 +21,7 @@ from django.test import override_settings
 from outbox_notify import deadletter
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, OutboxMessage
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 from tests.celery_app import add, app
 from tests.command_support import run_command
 

@@ -19,9 +19,9 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from structlog.testing import capture_logs
 
-from outbox_notify import bulk, deferred, rows
+from outbox_notify import _compat, bulk
+from outbox_notify._write import deferred, rows
 from outbox_notify.models import OutboxMessage
-from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 from tests.celery_app import add, app
 from tests.relay_support import ROOT
@@ -269,7 +269,7 @@ def test_outside_the_tested_django_releases_rows_are_written_at_the_call(
     monkeypatch: pytest.MonkeyPatch, reprobe: None
 ) -> None:
     """A Django release the suite never ran on writes at the call and says why, once."""
-    monkeypatch.setattr(gates, "DJANGO_TESTED", ((1, 0), (1, 11)))
+    monkeypatch.setattr(_compat, "DJANGO_TESTED", ((1, 0), (1, 11)))
     with capture_logs() as logs:
         with transaction.atomic():
             add.delay(1, 1)
@@ -330,7 +330,7 @@ django.setup()  # the app config probes the outbox database's connection class h
 from django.db import connection, transaction
 from structlog.testing import capture_logs
 
-from outbox_notify import deferred
+from outbox_notify._write import deferred
 from tests.celery_app import add
 
 

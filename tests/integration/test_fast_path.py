@@ -12,9 +12,10 @@ import celery
 import pytest
 import redis
 
+from outbox_notify import _compat
 from outbox_notify.app import RecordingProducer
 from outbox_notify.compact import build_row
-from outbox_notify.relay import fastjson, gates, messages
+from outbox_notify.relay import fastjson, messages
 from outbox_notify.relay.publisher import KombuPublisher, Result
 from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimedRow
@@ -200,8 +201,8 @@ def test_named_exchange_without_a_binding_fails_on_redis(redis_url: str, queue_n
 
 def test_redis_gate_accepts_the_installed_releases() -> None:
     """The versions this suite runs on are inside the gate (else the fast path never ran)."""
-    channel: Any = type("Channel", (), dict.fromkeys(gates.REDIS_CHANNEL_NEEDS))()
-    assert gates.redis_problem(channel) is None
+    channel: Any = type("Channel", (), dict.fromkeys(_compat.REDIS_CHANNEL_NEEDS))()
+    assert _compat.redis_problem(channel) is None
 
 
 @pytest.mark.parametrize(
@@ -209,7 +210,7 @@ def test_redis_gate_accepts_the_installed_releases() -> None:
     [
         (("KOMBU_TESTED", ((9, 0), (9, 9))), "outside the tested"),
         (("REDIS_TESTED", ((9, 0), (9, 9))), "outside the tested"),
-        (("REDIS_CHANNEL_NEEDS", (*gates.REDIS_CHANNEL_NEEDS, "_no_such_internal")), "lacks"),
+        (("REDIS_CHANNEL_NEEDS", (*_compat.REDIS_CHANNEL_NEEDS, "_no_such_internal")), "lacks"),
     ],
     ids=["kombu-version", "redis-version", "channel-state"],
 )
@@ -223,7 +224,7 @@ def test_redis_gate_sends_through_kombu_and_says_why_once(
     """Untested releases or a channel without a piece: kombu publishes, one log event says why."""
     import structlog
 
-    monkeypatch.setattr(gates, *gate)
+    monkeypatch.setattr(_compat, *gate)
     app.conf.broker_url = redis_url
     message = messages.prepare(claimed(queue_name), dt.datetime.now(dt.UTC))
     publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))

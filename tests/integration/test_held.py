@@ -25,7 +25,8 @@ from outbox_notify import OutboxCelery, bulk, held, stats
 from outbox_notify.app import RecordingProducer
 from outbox_notify.models import OutboxMessage
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.store import claimed_rows, connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
+from outbox_notify.relay.store import claimed_rows
 from outbox_notify.serialization import SCHEMA_VERSION
 from tests.celery_app import add, app
 from tests.integration.test_admin import (

@@ -21,7 +21,7 @@ from psycopg import sql as pgsql
 
 from outbox_notify import inbox
 from outbox_notify.models import InboxRecord
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 from tests.celery_app import app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,7 +10,7 @@ import pytest
 
 from outbox_notify.relay.config import PROBE_CHANNEL
 from outbox_notify.relay.listener import Listener
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 # transaction=True: notifications are delivered only when the sending session commits.

@@ -19,7 +19,7 @@ from django.core.management.base import CommandError
 from django.db import connections
 
 from outbox_notify import stats
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 from tests.relay_support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

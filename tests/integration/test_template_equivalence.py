@@ -23,7 +23,8 @@ from celery import signals as celery_signals
 from celery._state import _task_stack
 from kombu import Exchange, Queue
 
-from outbox_notify import OutboxCelery, bulk, compact, templates
+from outbox_notify import OutboxCelery, bulk, compact
+from outbox_notify._write import message_templates
 from outbox_notify.app import RecordingProducer
 from outbox_notify.serialization import OutboxRow
 from tests.celery_app import add, app, record
@@ -80,7 +81,7 @@ def through_both_paths(
     templated = written(send, task_id)
     by_template = built.built
     with monkeypatch.context() as patch:
-        patch.setattr(templates, "_publish_unobserved", lambda: False)
+        patch.setattr(message_templates, "_publish_unobserved", lambda: False)
         full = written(send, task_id)
     return templated, full, by_template
 
@@ -201,7 +202,7 @@ def test_group_members_match_and_come_from_one_template(
         collected = list(collector.rows)
         collector.rows.clear()
     assert built.built == 1
-    monkeypatch.setattr(templates, "_publish_unobserved", lambda: False)
+    monkeypatch.setattr(message_templates, "_publish_unobserved", lambda: False)
     for index, (row, member) in enumerate(zip(collected, result.results, strict=True)):
         again = written(
             lambda tid, i=index: add.apply_async(
@@ -230,7 +231,7 @@ def test_a_group_index_and_none_are_shapes_of_their_own(
     task_id = "same-" + uuid.uuid4().hex
     templated = written(send(then), task_id)
     with monkeypatch.context() as patch:
-        patch.setattr(templates, "_publish_unobserved", lambda: False)
+        patch.setattr(message_templates, "_publish_unobserved", lambda: False)
         full = written(send(then), task_id)
     assert templated == full
 

@@ -13,7 +13,8 @@ import structlog
 from django.db import transaction
 from sentry_sdk.transport import Transport
 
-from outbox_notify import context, observability
+from outbox_notify import observability
+from outbox_notify._write import context
 from outbox_notify.relay.outcome import Decided
 from outbox_notify.relay.store import ClaimedRow, Dead, Outcome, Retry
 from tests.celery_app import add

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 
 CHANNEL = "outbox_notify_v1"
 LOCK = (1869968482, 1)

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME, LISTEN_APPLICATION_NAME
 from outbox_notify.relay.listener import Listener, LockState, Outwait
-from outbox_notify.relay.store import connection_kwargs
+from outbox_notify.relay.runner import connection_kwargs
 from tests.celery_app import add
 from tests.integration.test_relay import enqueue, insert_raw, ready
 from tests.relay_support import RedisQueue, wait_for

@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox_notify import rows
+from outbox_notify._write import rows
 from outbox_notify.serialization import OutboxRow
 
 tricky = st.text(alphabet=st.sampled_from("ab-\\\t\n\r'\"é"), max_size=12)

@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.test import override_settings
 
-from outbox_notify import conf, held, writeconf
+from outbox_notify import conf, held
+from outbox_notify._write import settings as write_settings
 from outbox_notify.exceptions import ConfigurationError
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
@@ -58,6 +59,6 @@ def test_default_and_write_settings_follow_changes() -> None:
     """The default is 60 s; the write side's cached copy follows override_settings."""
     assert conf.hold_eta_after() == conf.DEFAULT_HOLD_ETA_AFTER == 60.0
     with override_settings(OUTBOX_NOTIFY_HOLD_ETA_AFTER=None):
-        assert writeconf.current().hold_eta_after is None
+        assert write_settings.current().hold_eta_after is None
     with override_settings(OUTBOX_NOTIFY_HOLD_ETA_AFTER=5):
-        assert writeconf.current().hold_eta_after == 5.0
+        assert write_settings.current().hold_eta_after == 5.0

@@ -12,7 +12,6 @@ from outbox_notify.relay.amqp_publisher import _Batch
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.isolation import Isolation
 from outbox_notify.relay.outcome import OutcomePolicy
-from outbox_notify.relay.policy import Backoff
 from outbox_notify.relay.publisher import (
     Attempt,
     PublishDeadline,
@@ -22,6 +21,7 @@ from outbox_notify.relay.publisher import (
     may_start,
 )
 from outbox_notify.relay.store import ClaimedRow
+from outbox_notify.relay.timing import Backoff
 
 
 class Row:

@@ -9,7 +9,7 @@ from typing import Any
 
 import redis
 
-from outbox_notify import chords
+from outbox_notify import _chord_calls as chord_calls
 from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.messages import OutgoingMessage
 from outbox_notify.relay.publisher import Attempt, Result
@@ -75,7 +75,7 @@ def message(row_id: int, calls: list[dict[str, Any]] | None) -> OutgoingMessage:
     )
 
 
-SIZE = {"call": chords.SET_CHORD_SIZE, "args": ["g1", 2], "kwargs": {}, "id": "c1"}
+SIZE = {"call": chord_calls.SET_CHORD_SIZE, "args": ["g1", 2], "kwargs": {}, "id": "c1"}
 
 
 def test_calls_are_made_once_before_the_rows_are_published() -> None:

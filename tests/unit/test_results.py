@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from outbox_notify.results import Deferred
+from outbox_notify._write.results import Deferred
 
 
 class Result:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox_notify import sql
+from outbox_notify import deadletter, inbox, sql
 from outbox_notify.deadletter import Selector
 from outbox_notify.listing import State
 
@@ -26,6 +26,10 @@ INCLUDE = re.compile(r"^[ \t]*--\s*include:\s*(\w+)\s*$", re.MULTILINE)
 # Lookups whose name is computed, each with the names it can compute (from the code itself).
 DYNAMIC: dict[tuple[str, str], frozenset[str]] = {
     ("listing.py", "rows"): frozenset(f"list_{state.value}_page" for state in State),
+    ("_purging.py", "plan"): frozenset(t.plan for t in (inbox.KEYS, deadletter.DEAD_LETTERS)),
+    ("_purging.py", "delete_chunk"): frozenset(
+        t.chunk for t in (inbox.KEYS, deadletter.DEAD_LETTERS)
+    ),
     ("deadletter.py", "_requeue_chunk"): frozenset(
         selector.query()[0]
         for selector in (Selector(ids=(1,)), Selector(task_name="t"), Selector(everything=True))

@@ -9,7 +9,7 @@ from celery.utils.saferepr import saferepr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox_notify.templates import argsrepr, new_task_id
+from outbox_notify._write.message_templates import argsrepr, new_task_id
 
 scalars = st.one_of(st.integers(), st.floats(), st.booleans(), st.none(), st.text(max_size=40))
 flat = st.one_of(

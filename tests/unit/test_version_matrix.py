@@ -1,4 +1,4 @@
-"""The version matrix agrees with itself: pyproject's ranges, constraints/*.txt, relay/gates.py.
+"""The version matrix agrees with itself: pyproject's ranges, constraints/*.txt, outbox_notify/_compat.py.
 
 `make test` runs the suite on constraints/oldest.txt and constraints/newest.txt (noxfile.py).
 These checks keep the declared ranges honest: every lower bound is what the oldest session
@@ -16,7 +16,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from outbox_notify.relay import gates
+from outbox_notify import _compat
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -81,11 +81,11 @@ def test_the_sessions_python_is_the_declared_minimum() -> None:
 @pytest.mark.parametrize(
     ("distribution", "tested"),
     [
-        ("kombu", gates.KOMBU_TESTED),
-        ("amqp", gates.AMQP_TESTED),
-        ("redis", gates.REDIS_TESTED),
-        ("psycopg", gates.PSYCOPG_TESTED),
-        ("django", gates.DJANGO_TESTED),
+        ("kombu", _compat.KOMBU_TESTED),
+        ("amqp", _compat.AMQP_TESTED),
+        ("redis", _compat.REDIS_TESTED),
+        ("psycopg", _compat.PSYCOPG_TESTED),
+        ("django", _compat.DJANGO_TESTED),
     ],
 )
 def test_fast_path_gates_span_exactly_the_matrix(

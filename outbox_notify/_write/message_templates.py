@@ -42,7 +42,9 @@ from celery.utils.saferepr import saferepr
 from django.core.signals import setting_changed
 from kombu import Exchange, Queue
 
-from outbox_notify import conf, context, instrumentation, serialization, writeconf
+from outbox_notify import compact, conf, serialization
+from outbox_notify._write import context, instrumentation
+from outbox_notify._write import settings as write_settings
 from outbox_notify.limits import MAX_BYTES_PER_CHARACTER
 
 # Celery options that are computed per call; everything else is part of the shape.
@@ -66,29 +68,7 @@ _FULL_PATH = frozenset(
 )
 # The headers Celery writes itself (celery.app.amqp.AMQP.as_task_v2): a custom header of one
 # of these names replaces Celery's value, which the template path does not attempt.
-CELERY_HEADERS = frozenset(
-    {
-        "lang",
-        "task",
-        "id",
-        "shadow",
-        "eta",
-        "expires",
-        "group",
-        "group_index",
-        "retries",
-        "timelimit",
-        "root_id",
-        "parent_id",
-        "argsrepr",
-        "kwargsrepr",
-        "origin",
-        "ignore_result",
-        "replaced_task_nesting",
-        "stamped_headers",
-        "stamps",
-    }
-)
+CELERY_HEADERS = frozenset(compact.HEADER_ORDER)
 _SIGNALS = (
     celery_signals.before_task_publish,
     celery_signals.after_task_publish,
@@ -226,7 +206,7 @@ def _forget_all(**kwargs: Any) -> None:
 setting_changed.connect(_forget_all, dispatch_uid="outbox_notify.templates")
 
 
-def enqueue(call: Call, settings: writeconf.WriteSettings) -> Made:
+def enqueue(call: Call, settings: write_settings.WriteSettings) -> Made:
     """Build the message of one call: from its shape's template, or Celery's full path.
 
     Celery's full path is `call.app.record()`: Celery's own (unwrapped) send_task against a
@@ -260,7 +240,7 @@ def _by_shape(
     parent: Any,
     *,
     quick: Any,
-    settings: writeconf.WriteSettings,
+    settings: write_settings.WriteSettings,
 ) -> Made:
     key = _shape_key(call, parent)
     if key is None:
@@ -278,7 +258,7 @@ def _by_shape(
     return _fill(template, call, parent, settings)
 
 
-def _record(call: Call, options: dict[str, Any], settings: writeconf.WriteSettings) -> Made:
+def _record(call: Call, options: dict[str, Any], settings: write_settings.WriteSettings) -> Made:
     made: Made = call.app.record(call.name, call.args, call.kwargs, options, settings)
     return made
 
@@ -371,7 +351,7 @@ def _app_eligible(app: Any) -> bool:
         return False
     if type(amqp)._create_task_sender is not getattr(AMQP, "_create_task_sender", None):
         return False
-    if type(amqp.router) is not Router or not instrumentation.plain_super_send_task(app):
+    if type(amqp.router) is not Router or not app.plain_super_send_task():
         return False
     routes: Any = getattr(amqp.router, "routes", None)
     return routes is not None and all(isinstance(route, MapRoute) for route in routes)
@@ -614,7 +594,9 @@ def new_task_id() -> str:
     return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
-def _fill(template: Template, call: Call, parent: Any, settings: writeconf.WriteSettings) -> Made:
+def _fill(
+    template: Template, call: Call, parent: Any, settings: write_settings.WriteSettings
+) -> Made:
     given = call.options.get("task_id")
     task_id = given or new_task_id()
     args = call.args or ()

@@ -26,7 +26,7 @@ outside `atomic()` (autocommit), in a transaction that already failed, while Dja
 queries (DEBUG, `assertNumQueries`), and for a non-ASCII task id or name.
 
 The hooks are private to Django, so rows wait only under the Django releases the suite ran on
-(relay/gates.py), and only once a probe (`hook_problem`, once per process and connection
+(outbox_notify/_compat.py), and only once a probe (`hook_problem`, once per process and connection
 class, no I/O; run at start-up by the app config) has seen Django's own `atomic()` commit,
 roll back and close through them. Otherwise every row is written at the call. The first
 enqueue of a process logs which path runs and why: `outbox.deferred_rows_available` (info)
@@ -63,9 +63,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils.connection import ConnectionDoesNotExist
 from psycopg import pq
 
-from outbox_notify import conf
+from outbox_notify import _compat, conf
 from outbox_notify.exceptions import OutboxNotifyError
-from outbox_notify.relay import gates
 from outbox_notify.serialization import OutboxRow
 
 log = structlog.get_logger("outbox_notify")
@@ -423,7 +422,7 @@ def hook_problem(connection: BaseDatabaseWrapper) -> str | None:
     """Why rows may not wait on this connection (None: they may); probed once per class."""
     cls = type(connection)
     if cls not in _problems:
-        problem = gates.django_problem()
+        problem = _compat.django_problem()
         if problem is None:
             try:
                 problem = _probe(connection)
@@ -473,9 +472,9 @@ def _announcer() -> Any:
 
 
 def _why_deferred() -> str:
-    (low_major, low_minor), (high_major, high_minor) = gates.DJANGO_TESTED
+    (low_major, low_minor), (high_major, high_minor) = _compat.DJANGO_TESTED
     return (
-        f"Django {gates.version_of('django')} is in the tested {low_major}.{low_minor}-"
+        f"Django {_compat.version_of('django')} is in the tested {low_major}.{low_minor}-"
         f"{high_major}.{high_minor}.x and the probe saw its atomic() commit, roll back "
         "and close through the hooks"
     )
@@ -485,4 +484,4 @@ def forget_probes() -> None:
     """Probe again at the next use (for tests that change what Django does)."""
     _problems.clear()
     _announced.clear()
-    gates.django_problem.cache_clear()
+    _compat.django_problem.cache_clear()

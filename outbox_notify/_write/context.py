@@ -70,13 +70,13 @@ def capture(
     """The context to store with a new outbox row (only the parts that are non-empty).
 
     `keys` is OUTBOX_NOTIFY_STRUCTLOG_CONTEXT_KEYS; the write side passes the value it read
-    once (see `outbox_notify.writeconf`). `sentry=False` skips the Sentry trace (the message
+    once (see `outbox_notify._write.settings`). `sentry=False` skips the Sentry trace (the message
     headers carry it already).
     """
     if isinstance(keys, _FromSettings):
-        from outbox_notify import writeconf
+        from outbox_notify._write import settings as write_settings
 
-        keys = writeconf.current().structlog_keys
+        keys = write_settings.current().structlog_keys
     context: dict[str, Any] = {}
     structlog_values = structlog_context(keys)
     if structlog_values:

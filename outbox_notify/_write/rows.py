@@ -20,8 +20,9 @@ from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 
-from outbox_notify import deferred, observability, signals
+from outbox_notify import observability, signals
 from outbox_notify import sql as sql_files
+from outbox_notify._write import deferred
 from outbox_notify.serialization import OutboxRow
 
 

@@ -4,7 +4,7 @@ OnceTask's key insert sent with its transaction's BEGIN (outbox_notify/inbox.py)
 transaction behind psycopg's back and relies on psycopg reading the transaction status from
 libpq: it is used only with the psycopg releases the suite ran on (PSYCOPG_TESTED).
 
-Rows deferred to the caller's next statement or COMMIT (outbox_notify/deferred.py) hook into
+Rows deferred to the caller's next statement or COMMIT (outbox_notify/_write/deferred.py) hook into
 Django's private `_commit`, `_rollback` and `_close`: they are deferred only with the Django
 releases the suite ran on (DJANGO_TESTED), and only once a probe has seen Django's own commit
 path call the hooks. Anywhere else the rows are written at the call.

@@ -14,7 +14,7 @@ The messages are the ones single calls store, and bad arguments raise the same
 `SerializationError` at the call. When the block raises, nothing of it is written.
 
 Messages are built as for single calls (repeated shapes from their template, see
-`templates.py`); only the writing is batched. A full batch's COPY runs on a writer thread
+`message_templates.py`); only the writing is batched. A full batch's COPY runs on a writer thread
 while the block builds the next one (PostgreSQL stores one batch while Python makes the
 next); the block's next query, its savepoints, its end and the COMMIT wait for it first, and
 an error of that COPY is raised there (deferred.py). The last batch is written when the
@@ -31,8 +31,10 @@ from typing import Any
 
 from django.db import transaction
 
-from outbox_notify import chords, serialization, writeconf
-from outbox_notify.rows import insert_rows
+from outbox_notify import _chord_calls as chord_calls
+from outbox_notify import serialization
+from outbox_notify._write import settings as write_settings
+from outbox_notify._write.rows import insert_rows
 from outbox_notify.serialization import OutboxRow
 
 DEFAULT_BATCH_SIZE = 5_000  # rows per COPY: one round trip each, bounded memory
@@ -60,7 +62,7 @@ class Collector:
     rows: list[OutboxRow] = dataclasses.field(default_factory=list)
     written: int = 0
     # A group's fan-out (for_group): rows of nested fan-outs join it; these are the spans of
-    # its rows (start, end) that carry a chord's result-backend calls (chords.py).
+    # its rows (start, end) that carry a chord's result-backend calls (_chord_calls.py).
     fan_out: bool = False
     spans: list[tuple[int, int, list[dict[str, Any]]]] = dataclasses.field(default_factory=list)
 
@@ -96,7 +98,7 @@ def bulk(
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
-    alias = using or writeconf.current().alias
+    alias = using or write_settings.current().alias
     collector = Collector(alias=alias, app=app, batch_size=batch_size, background=True)
     with transaction.atomic(using=alias):
         token = _active.set(collector)
@@ -113,29 +115,29 @@ def for_group(app: Any) -> Iterator[GroupProducer]:
 
     A group sent inside another group's fan-out (a chord in a group, a chord's header holding
     a chord) adds its rows to that fan-out. The rows are kept together until the outermost
-    fan-out ends, so each chord's header rows all carry its result-backend calls (chords.py).
+    fan-out ends, so each chord's header rows all carry its result-backend calls (_chord_calls.py).
     """
     outer = _active.get()
     if outer is not None and outer.fan_out:
         start = len(outer.rows)
-        with chords.fan_out() as current:
+        with chord_calls.fan_out() as current:
             yield GroupProducer()
-        calls = chords.calls_of(current)
+        calls = chord_calls.calls_of(current)
         if calls:
             outer.spans.append((start, len(outer.rows), calls))
         return
-    alias = outer.alias if outer is not None else writeconf.current().alias
+    alias = outer.alias if outer is not None else write_settings.current().alias
     collector = Collector(alias=alias, app=app, batch_size=2**62, fan_out=True)
     token = _active.set(collector)
     try:
-        with chords.fan_out() as current:
+        with chord_calls.fan_out() as current:
             yield GroupProducer()
-        calls = chords.calls_of(current)
+        calls = chord_calls.calls_of(current)
         if calls:
             collector.spans.append((0, len(collector.rows), calls))
     finally:
         _active.reset(token)
-        chords.discard()
+        chord_calls.discard()
     rows = _with_calls(collector)
     if outer is None:
         collector.rows = rows

@@ -1,7 +1,7 @@
 """What instrumentation has wrapped around Celery's `send_task`, and how to honour it.
 
 Tracing SDKs patch `celery.Celery.send_task` so that every message carries their headers.
-The write side's template path (templates.py) does not call Celery's `send_task` for a
+The write side's template path (message_templates.py) does not call Celery's `send_task` for a
 repeated shape, so it must apply the same wrapper around itself, or not be used:
 
 - no wrapper: the template path runs as it is;
@@ -18,7 +18,6 @@ so a changed Sentry release is either recognised exactly or treated as unknown.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import sys
 from collections.abc import Callable
@@ -91,19 +90,3 @@ def send_task_wrapper() -> Wrapper | Unknown | None:
 def known_send_task() -> bool:
     """Whether the template path can stand in for `celery.Celery.send_task` as it is now."""
     return send_task_wrapper() is not UNKNOWN
-
-
-def plain_super_send_task(app: Any) -> bool:
-    """Whether the send_task an OutboxCelery's super() reaches is celery.Celery's own."""
-    klass: Any = type(app)
-    return _plain_super(klass)
-
-
-@functools.cache
-def _plain_super(klass: Any) -> bool:
-    from outbox_notify.app import OutboxCelery
-
-    mro = klass.__mro__
-    after = mro[mro.index(OutboxCelery) + 1 :]
-    owner = next((klass for klass in after if "send_task" in vars(klass)), None)
-    return owner is celery.Celery
