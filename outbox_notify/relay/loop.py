@@ -22,10 +22,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import enum
-import os
-import select
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,8 +36,9 @@ from outbox_notify.exceptions import (
 )
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
+from outbox_notify.relay._sleeper import Sleeper
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
+from outbox_notify.relay.listener import Wake, WakeChannel
 from outbox_notify.relay.outcome import Decided, OutcomePolicy
 from outbox_notify.relay.policy import Backoff, Breaker, Clock, SystemClock
 from outbox_notify.relay.publisher import (
@@ -155,6 +153,7 @@ class Relay:
         self.next_vacuum_warning = 0.0
         self.next_touch = 0.0
         self.drained = 0
+        self.sleeper = Sleeper(self)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -487,104 +486,23 @@ class Relay:
             with contextlib.suppress(Exception):
                 batch.claiming.__exit__(type(exc), exc, exc.__traceback__)
 
+    # -- sleeping (relay/_sleeper.py) ----------------------------------------------------
+
     def sleep_until_work(self) -> None:
-        """Block until something may be claimable (see the module docstring).
-
-        While nothing happens, a sleeping relay keeps the wake lock across its timer wakes and
-        costs one indexed peek per sweep interval.
-        """
-        if self.polling or self.listener is None:
-            self.wait(self.sleep_timeout(self.peek()))
-            return
-        # Notifications that arrived before the lock are for rows the peek below will see.
-        self.listener.drain_pending()
-        state = self.listener.take_lock()
-        if state is LockState.WRITERS:
-            state = self.outwait_writers(self.listener)
-            if state is LockState.WRITERS:
-                return  # rows to claim, or a stop: drain again
-        try:
-            while not self.stopping:
-                self.sample_gauges()
-                peek = self.peek()
-                if peek.claimable:
-                    return
-                wake = self.wait(self.sleep_timeout(peek))
-                # Another relay holds the lock: come back and try to take it, in case it died.
-                if wake is not Wake.TIMEOUT or state is LockState.PEER:
-                    return
-        finally:
-            self.listener.release_lock()
-
-    def outwait_writers(self, listener: WakeChannel) -> LockState:
-        """Wait behind writers whose open transactions hold the wake lock, without spinning.
-
-        One statement per --lock-wait: it returns at once when a row is claimable (WRITERS:
-        drain), else queues for the lock, which the writers' commit hands over at once (HELD:
-        sleep as usual, whose peek finds their rows). Writers arriving meanwhile see the
-        queued request and notify; their notification ends the wait (WRITERS). Once per
-        sweep interval it checks whether a sleeping relay took the lock instead (PEER).
-        """
-        recheck_at = self.clock.monotonic() + self.config.sweep_interval
-        while not self.stopping:
-            self.touch_liveness()
-            self.sample_gauges()
-            outcome = listener.await_writers()
-            if outcome is Outwait.LOCKED:
-                return LockState.HELD
-            if outcome is Outwait.CLAIMABLE or listener.drain_pending():
-                return LockState.WRITERS
-            if self.clock.monotonic() >= recheck_at:
-                if listener.lock_holder() is LockState.PEER:
-                    return LockState.PEER
-                recheck_at = self.clock.monotonic() + self.config.sweep_interval
-        return LockState.WRITERS
+        """Block until something may be claimable (see the module docstring)."""
+        self.sleeper.sleep_until_work()
 
     def peek(self) -> Peek:
         """One indexed look at the table: on the LISTEN connection when there is one."""
-        if self.listener is not None and self.listener.connected and not self.polling:
-            return self.listener.peek()
-        return self.store.peek()
-
-    def sleep_timeout(self, peek: Peek) -> float:
-        """Seconds to sleep: the sweep interval, or less when a retry or a held row is due."""
-        timeout = self.config.sweep_interval
-        if peek.next_due_in is not None:
-            timeout = min(timeout, max(0.0, peek.next_due_in) + self.DUE_SLACK)
-        if peek.due and not peek.claimable:
-            timeout = min(timeout, self.config.inflight_recheck)  # another relay holds rows
-        return timeout
+        return self.sleeper.peek()
 
     def wait(self, timeout: float) -> Wake:
         """Wait in slices so the liveness file stays fresh while blocked."""
-        deadline = self.clock.monotonic() + timeout
-        while not self.stopping:
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                return Wake.TIMEOUT
-            wake = self._wait_slice(min(remaining, self.config.liveness_interval))
-            self.touch_liveness()
-            if wake is not Wake.TIMEOUT:
-                return wake
-        return Wake.SIGNAL
-
-    def _wait_slice(self, timeout: float) -> Wake:
-        if self.listener is not None and self.listener.connected:
-            return self.listener.wait(timeout)
-        return self.pause(timeout)
+        return self.sleeper.wait(timeout)
 
     def pause(self, seconds: float) -> Wake:
         """Sleep without a database connection, waking early on a stop signal."""
-        wake_fd = self.listener.wake_fd if self.listener is not None else None
-        if wake_fd is None:
-            time.sleep(min(seconds, 0.2) if self.stopping else seconds)
-            return Wake.TIMEOUT
-        readable, _, _ = select.select([wake_fd], [], [], max(0.0, seconds))
-        if readable:
-            with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
-                os.read(wake_fd, 512)
-            return Wake.SIGNAL
-        return Wake.TIMEOUT
+        return self.sleeper.pause(seconds)
 
     # -- one batch -----------------------------------------------------------------------
 
