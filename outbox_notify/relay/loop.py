@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import enum
 import sys
 from collections.abc import Sequence
@@ -32,10 +31,10 @@ from outbox_notify.exceptions import (
     BrokerUnavailable,
     DatabaseUnavailable,
     GaugeUnavailable,
-    UndecodableMessage,
 )
 from outbox_notify.metrics import Metrics, NullMetrics
 from outbox_notify.relay import messages
+from outbox_notify.relay._drain import BatchDrain, Prepared
 from outbox_notify.relay._sleeper import Sleeper
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import Wake, WakeChannel
@@ -50,12 +49,10 @@ from outbox_notify.relay.publisher import (
     start,
 )
 from outbox_notify.relay.reporting import (
-    BatchReport,
     LogReporter,
     MetricsReporter,
     Reporter,
     Reporters,
-    lag,
 )
 from outbox_notify.relay.store import (
     ClaimedRow,
@@ -153,6 +150,7 @@ class Relay:
         self.next_vacuum_warning = 0.0
         self.next_touch = 0.0
         self.drained = 0
+        self.batches = BatchDrain(self)
         self.sleeper = Sleeper(self)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -315,16 +313,7 @@ class Relay:
         self.drained = 0
         if self.spare_store is not None and overlaps(self.publisher):
             return self.drain_overlapped(self.spare_store)
-        while not self.stopping:
-            self.touch_liveness()
-            self.sample_gauges()
-            claimed, outage = self.process_batch()
-            self.drained += claimed
-            if outage:
-                return False
-            if claimed < self.config.batch_size:
-                return True
-        return True
+        return self.batches.run()
 
     def drain_overlapped(self, spare: Store) -> bool:
         """drain() with two batches in flight: claim and write the next batch on the other
@@ -504,82 +493,28 @@ class Relay:
         """Sleep without a database connection, waking early on a stop signal."""
         return self.sleeper.pause(seconds)
 
-    # -- one batch -----------------------------------------------------------------------
+    # -- one batch (relay/_drain.py) ------------------------------------------------------
 
     def process_batch(self) -> tuple[int, bool]:
         """Claim, publish, finalise one batch; return (rows claimed, broker outage?)."""
-        try:
-            self.publisher.check()  # connect before claiming: never reconnect inside a claim
-        except BrokerUnavailable as exc:
-            self._record_outage(0, str(exc))
-            return 0, True
-        started = self.clock.monotonic()
-        with self.store.claim(self.config.batch_size) as claim:
-            if not claim.rows:
-                return 0, False
-            decided = self.publish(claim.rows, started)
-            claim.finish(decided.outcome)
-        self.after_commit(decided, len(claim.rows), self.clock.monotonic() - started)
-        return len(claim.rows), decided.outages > 0
+        return self.batches.process_batch()
 
-    def publish(self, rows: list[ClaimedRow], started: float) -> Decided:
-        """Prepare and publish rows; decide each row's outcome."""
-        ready, undecodable = self.prepare(rows)
-        deadline = self.deadline(started + self.config.publish_budget)
-        attempts = self.publisher.publish(ready, deadline) if ready else []
-        return self.policy.decide(
-            list(zip((m.row for m in ready), attempts, strict=True)), undecodable
-        )
-
-    def prepare(
-        self, rows: list[ClaimedRow]
-    ) -> tuple[list[messages.OutgoingMessage], list[tuple[ClaimedRow, str]]]:
+    def prepare(self, rows: list[ClaimedRow]) -> Prepared:
         """The rows' messages, and the rows that cannot become one (with the reason)."""
-        now = dt.datetime.now(dt.UTC)
-        ready: list[messages.OutgoingMessage] = []
-        undecodable: list[tuple[ClaimedRow, str]] = []
-        for row in rows:
-            try:
-                ready.append(messages.prepare(row, now))
-            except UndecodableMessage as exc:
-                undecodable.append((row, str(exc)))
-        return ready, undecodable
+        return self.batches.prepare(rows)
 
     def deadline(self, claim_end: float) -> PublishDeadline:
         """When broker steps may no longer start: `claim_end`, or a stop's grace period."""
-
-        def stop_end() -> float | None:
-            stop = self.stop_requested_at
-            return None if stop is None else stop + self.config.shutdown_timeout
-
-        return PublishDeadline(clock=self.clock, claim_end=claim_end, stop_end=stop_end)
+        return self.batches.deadline(claim_end)
 
     def after_commit(
         self, decided: Decided, claimed: int, seconds: float, *, breaker: bool = True
     ) -> None:
-        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed.
-
-        `breaker=False`: a batch that was in flight when the one before it met an outage; that
-        outage was counted already, and this batch proves nothing about the broker since.
-        """
-        report = BatchReport(
-            decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
-        )
-        self.reporters.batch_committed(report)
-        if not breaker:
-            return
-        if decided.outages:
-            self._record_outage(decided.outages, decided.outage_error)
-        elif decided.published and self.breaker.record_success():
-            log.info("outbox.breaker_closed")
+        """Reporters and the breaker, once the outcome committed (see BatchDrain)."""
+        self.batches.after_commit(decided, claimed, seconds, breaker=breaker)
 
     def _record_outage(self, deferred: int, error: str | None) -> None:
-        if self.breaker.record_outage():
-            log.error(
-                "outbox.breaker_opened", cooldown=self.config.broker_outage_cooldown, error=error
-            )
-        else:
-            log.warning("outbox.broker_unavailable", deferred=deferred, error=error)
+        self.batches.record_outage(deferred, error)
 
     # -- liveness ------------------------------------------------------------------------
 
