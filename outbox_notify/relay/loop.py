@@ -4,7 +4,7 @@ drain:  claim a batch (row locks in an open transaction), publish it, finalise i
         one round trip and commit; repeat until a batch comes back short. With a publisher
         that can have two batches in flight (RabbitMQ's confirms) and a second claim
         connection, the next batch is claimed and written while the broker confirms the
-        previous one (see drain_overlapped).
+        previous one (relay/_overlap.py).
 sleep:  take the wake lock (writers notify from now on), peek once more for work that
         committed before the lock, then block on LISTEN until a notification, the next
         retry's due time, the sweep timer, or a signal.
@@ -12,56 +12,43 @@ outwait: when writers' open transactions hold the wake lock, queue for it one --
         at a time (one statement each) instead of draining again: their commit hands the
         lock over at once, and a claimable row or another writer's notification ends it.
 
+Relay here is the lifecycle (connect, cycle, stop, gauges, liveness) and composes the rest:
+BatchDrain (_drain.py), OverlappedDrain (_overlap.py) and Sleeper (_sleeper.py: sleep and
+outwait).
+
 The core imports nothing from Django: runner.py builds its seams (Store, WakeChannel,
 Publisher, Metrics, Reporter) from the settings.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import datetime as dt
-import enum
-import os
-import select
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import structlog
 
 from outbox_notify.exceptions import (
-    BrokerUnavailable,
     DatabaseUnavailable,
     GaugeUnavailable,
-    UndecodableMessage,
 )
 from outbox_notify.metrics import Metrics, NullMetrics
-from outbox_notify.relay import messages
+from outbox_notify.relay._drain import BatchDrain
+from outbox_notify.relay._overlap import OverlappedDrain
+from outbox_notify.relay._sleeper import Sleeper
 from outbox_notify.relay.config import RelayConfig
-from outbox_notify.relay.listener import LockState, Outwait, Wake, WakeChannel
-from outbox_notify.relay.outcome import Decided, OutcomePolicy
+from outbox_notify.relay.listener import Wake, WakeChannel
+from outbox_notify.relay.outcome import OutcomePolicy
 from outbox_notify.relay.publisher import (
-    Pending,
-    PublishDeadline,
     Publisher,
-    can_overlap,
     overlaps,
-    start,
 )
 from outbox_notify.relay.reporting import (
-    BatchReport,
     LogReporter,
     MetricsReporter,
     Reporter,
     Reporters,
-    lag,
 )
 from outbox_notify.relay.store import (
-    ClaimedRow,
-    ClaimWouldWait,
-    OpenClaim,
     Peek,
     QueueGauges,
     Store,
@@ -69,32 +56,6 @@ from outbox_notify.relay.store import (
 from outbox_notify.relay.timing import Backoff, Breaker, Clock, SystemClock
 
 log = structlog.get_logger("outbox_notify")
-
-
-@dataclasses.dataclass(eq=False)
-class _InFlight:
-    """A claimed batch written to the broker, its outcome still to come (drain_overlapped)."""
-
-    claiming: contextlib.AbstractContextManager[OpenClaim]
-    claim: OpenClaim
-    ready: list[messages.OutgoingMessage]
-    undecodable: list[tuple[ClaimedRow, str]]
-    started: float
-    claim_end: float  # monotonic: when its last broker step must have ended
-    full: bool  # the claim came back full: there is probably more to claim
-    pending: Pending | None = None  # set once its publishing started
-
-    @property
-    def backend_calls(self) -> bool:
-        """Whether publishing it makes result-backend calls first (chords): they have no
-        deadline of their own, so they never run while another claim waits."""
-        return any(m.spec.backend_calls for m in self.ready)
-
-
-class _Finalise(enum.Enum):
-    """claim_beside(): the batch in flight must be finalised before the next claim."""
-
-    FIRST = 1
 
 
 class Relay:
@@ -135,7 +96,7 @@ class Relay:
         self.config = config
         self.store = store
         # A second claim connection, used only to claim the next batch while the previous one
-        # awaits its confirms (a publisher that overlaps batches): see drain_overlapped.
+        # awaits its confirms (a publisher that overlaps batches): see relay/_overlap.py.
         self.spare_store = spare_store
         self.listener = listener
         self.publisher = publisher
@@ -155,6 +116,9 @@ class Relay:
         self.next_vacuum_warning = 0.0
         self.next_touch = 0.0
         self.drained = 0
+        self.batches = BatchDrain(self)
+        self.overlapped = OverlappedDrain(self, self.batches)
+        self.sleeper = Sleeper(self)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -315,353 +279,32 @@ class Relay:
         """
         self.drained = 0
         if self.spare_store is not None and overlaps(self.publisher):
-            return self.drain_overlapped(self.spare_store)
-        while not self.stopping:
-            self.touch_liveness()
-            self.sample_gauges()
-            claimed, outage = self.process_batch()
-            self.drained += claimed
-            if outage:
-                return False
-            if claimed < self.config.batch_size:
-                return True
-        return True
+            return self.overlapped.run(self.spare_store)
+        return self.batches.run()
 
-    def drain_overlapped(self, spare: Store) -> bool:
-        """drain() with two batches in flight: claim and write the next batch on the other
-        claim connection while the broker confirms the previous one, then finalise that.
-
-        While a batch is in flight nothing may make its claim outlive --stale-timeout: the
-        next batch is started only when the publisher needs no reconnect (can_overlap), when
-        the previous claim has a step's worst case left, and when it makes no result-backend
-        calls; its broker steps must end within the previous claim's budget too. Batches
-        commit in the order they were claimed. A database failure on one connection still
-        lets the batch in flight on the other finish.
-        """
-        stores = (self.store, spare)
-        turn = 0
-        previous: _InFlight | None = None
-        current: _InFlight | None = None
-        try:
-            while not self.stopping and (previous is None or previous.full):
-                if previous is not None:
-                    claimed = self.claim_beside(stores[turn], previous)
-                    if claimed is _Finalise.FIRST:
-                        done, previous = previous, None
-                        if self.end_in_flight(done):
-                            return False
-                        continue
-                    current = claimed
-                else:
-                    try:
-                        current = self.claim_alone(stores[turn])
-                    except BrokerUnavailable as exc:
-                        self._record_outage(0, str(exc))
-                        return False
-                if current is None:
-                    break
-                turn ^= 1
-                both, previous, current = (previous, current), None, None  # advance() owns them
-                previous = self.advance(*both)
-                if previous is None:
-                    return False  # a broker outage ended both batches
-            if previous is not None:
-                done, previous = previous, None
-                return not self.end_in_flight(done)
-            return True
-        except BaseException as exc:
-            self.abort_in_flight(exc, previous, current)
-            raise
-
-    def claim_alone(self, store: Store) -> _InFlight | None:
-        """Claim with no batch in flight: gauges, the broker check (BrokerUnavailable), then
-        the claim; None when nothing is claimable."""
-        self.touch_liveness()
-        self.sample_gauges(store)  # never beside a claim: it could queue behind a lock request
-        self.publisher.check()  # connect before claiming
-        return self.claim_in_flight(store)
-
-    def claim_beside(self, store: Store, previous: _InFlight) -> _InFlight | _Finalise | None:
-        """Claim the next batch while `previous` is in flight, or say it must be finalised
-        first (_Finalise.FIRST): no room in its claim, a reconnect needed, or the table
-        locked for someone queued behind it."""
-        self.touch_liveness()
-        if not self.may_overlap(previous):
-            return _Finalise.FIRST
-        try:
-            return self.claim_in_flight(store, lock_wait=self.OVERLAP_LOCK_WAIT)
-        except ClaimWouldWait:
-            log.info("outbox.claim_would_wait", waited=self.OVERLAP_LOCK_WAIT)
-            return _Finalise.FIRST
-
-    def advance(self, previous: _InFlight | None, current: _InFlight) -> _InFlight | None:
-        """Start `current` and finalise `previous` (first, when `current` makes result-backend
-        calls: they have no deadline of their own, so never beside a claim). The batch now in
-        flight, or None after a broker outage (both ended). Ends what is open if it raises."""
-        left = [batch for batch in (previous, current) if batch is not None]  # still open
-        try:
-            if previous is not None and current.backend_calls:
-                left.remove(previous)
-                if self.end_in_flight(previous):
-                    left.remove(current)
-                    current.claiming.__exit__(None, None, None)  # released untouched
-                    return None
-                previous = None
-            self.start_in_flight(current, None if previous is None else previous.claim_end)
-            if previous is not None:
-                left.remove(previous)
-                if self.end_in_flight(previous):
-                    left.remove(current)
-                    self.end_in_flight(current, breaker=False)
-                    return None
-            return current
-        except BaseException as exc:
-            self.abort_in_flight(exc, *left)
-            raise
-
-    def may_overlap(self, previous: _InFlight) -> bool:
-        """Whether the next batch may be started while `previous` awaits its outcome."""
-        left = previous.claim_end - self.clock.monotonic()
-        return left >= self.config.step_worst_case and can_overlap(self.publisher)
-
-    def claim_in_flight(self, store: Store, lock_wait: float | None = None) -> _InFlight | None:
-        """Claim a batch and prepare its messages; None when nothing was claimable."""
-        started = self.clock.monotonic()
-        claiming = store.claim(self.config.batch_size, lock_wait=lock_wait)
-        claim = claiming.__enter__()
-        try:
-            if not claim.rows:
-                claiming.__exit__(None, None, None)
-                return None
-            ready, undecodable = self.prepare(claim.rows)
-        except BaseException:
-            if not claiming.__exit__(*sys.exc_info()):
-                raise
-            raise  # pragma: no cover - a claim never swallows an exception
-        return _InFlight(
-            claiming=claiming,
-            claim=claim,
-            ready=ready,
-            undecodable=undecodable,
-            started=started,
-            claim_end=started + self.config.publish_budget,
-            full=len(claim.rows) >= self.config.batch_size,
-        )
-
-    def start_in_flight(self, batch: _InFlight, before: float | None) -> None:
-        """Start publishing a claimed batch; its broker steps end by `before` too, if given."""
-        end = batch.claim_end if before is None else min(batch.claim_end, before)
-        batch.pending = start(self.publisher, batch.ready, self.deadline(end))
-
-    def end_in_flight(self, batch: _InFlight, *, breaker: bool = True) -> bool:
-        """Await a started batch's outcome, finalise and commit it; True on a broker outage."""
-        try:
-            attempts = batch.pending.wait() if batch.pending is not None else []
-            decided = self.policy.decide(
-                list(zip((m.row for m in batch.ready), attempts, strict=True)), batch.undecodable
-            )
-            batch.claim.finish(decided.outcome)
-        except BaseException:
-            if not batch.claiming.__exit__(*sys.exc_info()):
-                raise
-            raise  # pragma: no cover - a claim never swallows an exception
-        batch.claiming.__exit__(None, None, None)
-        claimed = len(batch.claim.rows)
-        self.drained += claimed
-        self.after_commit(decided, claimed, self.clock.monotonic() - batch.started, breaker=breaker)
-        return decided.outages > 0
-
-    def abort_in_flight(self, exc: BaseException, *batches: _InFlight | None) -> None:
-        """End what is still open after an exception: a batch whose publishing started is
-        still finalised on its own connection when the failure was another connection's;
-        anything else is rolled back (its rows released untouched)."""
-        for batch in batches:
-            if batch is None:
-                continue
-            if isinstance(exc, DatabaseUnavailable) and batch.pending is not None:
-                with contextlib.suppress(DatabaseUnavailable):
-                    self.end_in_flight(batch, breaker=False)  # ends its claim either way
-                continue
-            if batch.pending is not None:
-                batch.pending.cancel()
-            with contextlib.suppress(Exception):
-                batch.claiming.__exit__(type(exc), exc, exc.__traceback__)
+    # -- sleeping (relay/_sleeper.py) ----------------------------------------------------
 
     def sleep_until_work(self) -> None:
-        """Block until something may be claimable (see the module docstring).
-
-        While nothing happens, a sleeping relay keeps the wake lock across its timer wakes and
-        costs one indexed peek per sweep interval.
-        """
-        if self.polling or self.listener is None:
-            self.wait(self.sleep_timeout(self.peek()))
-            return
-        # Notifications that arrived before the lock are for rows the peek below will see.
-        self.listener.drain_pending()
-        state = self.listener.take_lock()
-        if state is LockState.WRITERS:
-            state = self.outwait_writers(self.listener)
-            if state is LockState.WRITERS:
-                return  # rows to claim, or a stop: drain again
-        try:
-            while not self.stopping:
-                self.sample_gauges()
-                peek = self.peek()
-                if peek.claimable:
-                    return
-                wake = self.wait(self.sleep_timeout(peek))
-                # Another relay holds the lock: come back and try to take it, in case it died.
-                if wake is not Wake.TIMEOUT or state is LockState.PEER:
-                    return
-        finally:
-            self.listener.release_lock()
-
-    def outwait_writers(self, listener: WakeChannel) -> LockState:
-        """Wait behind writers whose open transactions hold the wake lock, without spinning.
-
-        One statement per --lock-wait: it returns at once when a row is claimable (WRITERS:
-        drain), else queues for the lock, which the writers' commit hands over at once (HELD:
-        sleep as usual, whose peek finds their rows). Writers arriving meanwhile see the
-        queued request and notify; their notification ends the wait (WRITERS). Once per
-        sweep interval it checks whether a sleeping relay took the lock instead (PEER).
-        """
-        recheck_at = self.clock.monotonic() + self.config.sweep_interval
-        while not self.stopping:
-            self.touch_liveness()
-            self.sample_gauges()
-            outcome = listener.await_writers()
-            if outcome is Outwait.LOCKED:
-                return LockState.HELD
-            if outcome is Outwait.CLAIMABLE or listener.drain_pending():
-                return LockState.WRITERS
-            if self.clock.monotonic() >= recheck_at:
-                if listener.lock_holder() is LockState.PEER:
-                    return LockState.PEER
-                recheck_at = self.clock.monotonic() + self.config.sweep_interval
-        return LockState.WRITERS
+        """Block until something may be claimable (see the module docstring)."""
+        self.sleeper.sleep_until_work()
 
     def peek(self) -> Peek:
         """One indexed look at the table: on the LISTEN connection when there is one."""
-        if self.listener is not None and self.listener.connected and not self.polling:
-            return self.listener.peek()
-        return self.store.peek()
-
-    def sleep_timeout(self, peek: Peek) -> float:
-        """Seconds to sleep: the sweep interval, or less when a retry or a held row is due."""
-        timeout = self.config.sweep_interval
-        if peek.next_due_in is not None:
-            timeout = min(timeout, max(0.0, peek.next_due_in) + self.DUE_SLACK)
-        if peek.due and not peek.claimable:
-            timeout = min(timeout, self.config.inflight_recheck)  # another relay holds rows
-        return timeout
+        return self.sleeper.peek()
 
     def wait(self, timeout: float) -> Wake:
         """Wait in slices so the liveness file stays fresh while blocked."""
-        deadline = self.clock.monotonic() + timeout
-        while not self.stopping:
-            remaining = deadline - self.clock.monotonic()
-            if remaining <= 0:
-                return Wake.TIMEOUT
-            wake = self._wait_slice(min(remaining, self.config.liveness_interval))
-            self.touch_liveness()
-            if wake is not Wake.TIMEOUT:
-                return wake
-        return Wake.SIGNAL
-
-    def _wait_slice(self, timeout: float) -> Wake:
-        if self.listener is not None and self.listener.connected:
-            return self.listener.wait(timeout)
-        return self.pause(timeout)
+        return self.sleeper.wait(timeout)
 
     def pause(self, seconds: float) -> Wake:
         """Sleep without a database connection, waking early on a stop signal."""
-        wake_fd = self.listener.wake_fd if self.listener is not None else None
-        if wake_fd is None:
-            time.sleep(min(seconds, 0.2) if self.stopping else seconds)
-            return Wake.TIMEOUT
-        readable, _, _ = select.select([wake_fd], [], [], max(0.0, seconds))
-        if readable:
-            with contextlib.suppress(BlockingIOError, InterruptedError, OSError):
-                os.read(wake_fd, 512)
-            return Wake.SIGNAL
-        return Wake.TIMEOUT
+        return self.sleeper.pause(seconds)
 
-    # -- one batch -----------------------------------------------------------------------
+    # -- one batch (relay/_drain.py) ------------------------------------------------------
 
     def process_batch(self) -> tuple[int, bool]:
         """Claim, publish, finalise one batch; return (rows claimed, broker outage?)."""
-        try:
-            self.publisher.check()  # connect before claiming: never reconnect inside a claim
-        except BrokerUnavailable as exc:
-            self._record_outage(0, str(exc))
-            return 0, True
-        started = self.clock.monotonic()
-        with self.store.claim(self.config.batch_size) as claim:
-            if not claim.rows:
-                return 0, False
-            decided = self.publish(claim.rows, started)
-            claim.finish(decided.outcome)
-        self.after_commit(decided, len(claim.rows), self.clock.monotonic() - started)
-        return len(claim.rows), decided.outages > 0
-
-    def publish(self, rows: list[ClaimedRow], started: float) -> Decided:
-        """Prepare and publish rows; decide each row's outcome."""
-        ready, undecodable = self.prepare(rows)
-        deadline = self.deadline(started + self.config.publish_budget)
-        attempts = self.publisher.publish(ready, deadline) if ready else []
-        return self.policy.decide(
-            list(zip((m.row for m in ready), attempts, strict=True)), undecodable
-        )
-
-    def prepare(
-        self, rows: list[ClaimedRow]
-    ) -> tuple[list[messages.OutgoingMessage], list[tuple[ClaimedRow, str]]]:
-        """The rows' messages, and the rows that cannot become one (with the reason)."""
-        now = dt.datetime.now(dt.UTC)
-        ready: list[messages.OutgoingMessage] = []
-        undecodable: list[tuple[ClaimedRow, str]] = []
-        for row in rows:
-            try:
-                ready.append(messages.prepare(row, now))
-            except UndecodableMessage as exc:
-                undecodable.append((row, str(exc)))
-        return ready, undecodable
-
-    def deadline(self, claim_end: float) -> PublishDeadline:
-        """When broker steps may no longer start: `claim_end`, or a stop's grace period."""
-
-        def stop_end() -> float | None:
-            stop = self.stop_requested_at
-            return None if stop is None else stop + self.config.shutdown_timeout
-
-        return PublishDeadline(clock=self.clock, claim_end=claim_end, stop_end=stop_end)
-
-    def after_commit(
-        self, decided: Decided, claimed: int, seconds: float, *, breaker: bool = True
-    ) -> None:
-        """Reporters (logs, metrics and runner's) and the breaker, once the outcome committed.
-
-        `breaker=False`: a batch that was in flight when the one before it met an outage; that
-        outage was counted already, and this batch proves nothing about the broker since.
-        """
-        report = BatchReport(
-            decided=decided, claimed=claimed, seconds=seconds, lag=lag(decided, seconds)
-        )
-        self.reporters.batch_committed(report)
-        if not breaker:
-            return
-        if decided.outages:
-            self._record_outage(decided.outages, decided.outage_error)
-        elif decided.published and self.breaker.record_success():
-            log.info("outbox.breaker_closed")
-
-    def _record_outage(self, deferred: int, error: str | None) -> None:
-        if self.breaker.record_outage():
-            log.error(
-                "outbox.breaker_opened", cooldown=self.config.broker_outage_cooldown, error=error
-            )
-        else:
-            log.warning("outbox.broker_unavailable", deferred=deferred, error=error)
+        return self.batches.process_batch()
 
     # -- liveness ------------------------------------------------------------------------
 
