@@ -183,7 +183,10 @@ class World:
     def start_relay(self, side: Side, slot: Slot = MAIN, name: str = "") -> Proc:
         """Start one relay of a side with its default flags."""
         argv = [str(side.python or sys.executable), "-m", "django", *side.command]
-        return self.procs.start(name or f"relay-{side.key}", argv, self.side_env(side, slot))
+        env = self.side_env(side, slot)
+        # `-m` puts the working directory first on sys.path: another commit's relay must not
+        # start in this checkout, whose outbox_notify would shadow its own.
+        return self.procs.start(name or f"relay-{side.key}", argv, env, cwd=side.path)
 
     def start_relays(self, side: Side, count: int, slot: Slot = MAIN) -> list[Proc]:
         """Start `count` relays and wait until each one is up."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import os
 import statistics
 import subprocess
 import sys
@@ -98,7 +99,26 @@ def prepare(rev: str) -> Previous:
     link = path / "bench"
     if not link.exists():
         link.symlink_to(venv.ROOT / "bench", target_is_directory=True)
+    _check_own_code(python, path, base / "venv")
     return Previous(rev=rev, commit=commit, python=python, path=path)
+
+
+PROBE = "import outbox_notify; print(outbox_notify.__file__)"
+
+
+def _check_own_code(python: Path, path: Path, venv_dir: Path) -> None:
+    """Its processes (started in `path`, with `path` on PYTHONPATH) import its own library."""
+    done = subprocess.run(
+        [str(python), "-c", PROBE],
+        cwd=path,
+        env={**os.environ, "PYTHONPATH": str(path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    module = done.stdout.strip()
+    if done.returncode != 0 or not Path(module).resolve().is_relative_to(venv_dir.resolve()):
+        raise BenchError(f"the previous commit's python imports {module!r}: {done.stderr}")
 
 
 def old_side(previous: Previous) -> Side:
@@ -114,7 +134,8 @@ def old_side(previous: Previous) -> Side:
 
 def _run_old(world: World, side: Side, name: str, argv: list[str]) -> str:
     """Run one of the previous commit's processes to its end; its output."""
-    proc = world.procs.start(name, [str(side.python), *argv], world.side_env(side))
+    argv = [str(side.python), *argv]
+    proc = world.procs.start(name, argv, world.side_env(side), cwd=side.path)
     return finish(world, [proc], name)[0]
 
 
