@@ -126,6 +126,17 @@ bounds AS MATERIALIZED (
            e.n
     FROM ends AS e
 ),
+-- Where the *_left lists stop reading: the last row taken, or the end of the index when the
+-- claim was not full. One bound, not `exhausted OR ...`, so it is the index scan's condition:
+-- with an OR it was a filter, and each claim of a large backlog read every row left in it.
+upto AS MATERIALIZED (
+    SELECT CASE WHEN b.exhausted THEN 'infinity' ELSE b.due_at END AS due_at,
+           CASE WHEN b.exhausted THEN 9223372036854775807 ELSE b.due_id END AS due_id,
+           CASE WHEN b.exhausted THEN '18446744073709551615'::xid8 ELSE b.ready_txid END
+               AS ready_txid,
+           CASE WHEN b.exhausted THEN 9223372036854775807 ELSE b.ready_id END AS ready_id
+    FROM bounds AS b
+),
 snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s)
 SELECT part, id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
        retries, schema_version, since,
@@ -159,11 +170,12 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND m.schema_version <= %(max_version)s
               AND m.id NOT IN (SELECT id FROM picked)),
         'due_left', ARRAY(
-            SELECT m.id FROM outbox_notify_message_v1 AS m, bounds AS b
+            SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE m.retry_after <= statement_timestamp()
               AND (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+              AND (m.retry_after, m.id)
+                  <= ((SELECT due_at FROM upto), (SELECT due_id FROM upto))
               AND m.schema_version <= %(max_version)s
-              AND (b.exhausted OR (m.retry_after, m.id) <= (b.due_at, b.due_id))
               AND m.id NOT IN (SELECT id FROM picked)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
                        WHERE b.walked_txid IS NOT NULL),
@@ -175,11 +187,11 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND w.id NOT IN (SELECT id FROM picked)),
         'ready_left', (
             SELECT json_agg(json_build_array(m.txid::text, m.id))
-            FROM outbox_notify_message_v1 AS m, bounds AS b
+            FROM outbox_notify_message_v1 AS m
             WHERE m.retry_after IS NULL
               AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+              AND (m.txid, m.id) <= ((SELECT ready_txid FROM upto), (SELECT ready_id FROM upto))
               AND m.schema_version <= %(max_version)s
-              AND (b.exhausted OR (m.txid, m.id) <= (b.ready_txid, b.ready_id))
               AND m.id NOT IN (SELECT id FROM picked))
     );
 
