@@ -78,11 +78,13 @@ def _source_paths(commit: str) -> list[str]:
 def prepare(rev: str) -> Previous:
     """The previous commit's venv, built once per commit and set of pinned releases."""
     commit = _commit(rev)
-    base = VENVS / commit[:12]
-    base.mkdir(parents=True, exist_ok=True)
-    pins = venv.pins(base / "pins.txt")
-    stamp = base / ".versus-installed"
+    VENVS.mkdir(exist_ok=True)
+    pins = venv.pins(VENVS / f"{commit[:12]}.pins")
     fingerprint = hashlib.sha256(pins.read_bytes()).hexdigest()
+    # One venv per commit and set of releases (.venv and .venv-bench pin different sets).
+    base = VENVS / f"{commit[:12]}-{fingerprint[:8]}"
+    base.mkdir(exist_ok=True)
+    stamp = base / ".versus-installed"
     python = base / "venv" / "bin" / "python"
     if not (stamp.exists() and stamp.read_text() == fingerprint and python.exists()):
         print(f"bench: building {rev}'s venv in {base}", file=sys.stderr, flush=True)
