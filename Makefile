@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test pytest lint unit demo bench bench-quick chaos chaos-quick trigger-bench clean
+.PHONY: help venv test pytest lint unit demo bench bench-quick bench-versus chaos chaos-quick trigger-bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,10 @@ bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox on Redis a
 
 bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode, both brokers, with once and held (3-5 min)
 	$(BIN)/python -m bench.run --quick $(BENCH_ARGS)
+
+VERSUS ?= 79badb9
+bench-versus: $(STAMP)  ## this checkout against commit VERSUS (default 79badb9): Redis drain and latency, alternating (about 6 min)
+	$(BIN)/python -m bench.run --no-peer --brokers redis --scenarios versus --versus $(VERSUS) --no-docs $(BENCH_ARGS)
 
 chaos: $(STAMP)  ## fault injection under load on Redis and RabbitMQ; every message and effect counted (about 12 min)
 	$(BIN)/python -m chaos.run $(CHAOS_ARGS)

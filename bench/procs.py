@@ -128,14 +128,20 @@ class Processes:
         self.running: list[Proc] = []
         self.counter = 0
 
-    def start(self, name: str, argv: Sequence[str], env: Mapping[str, str]) -> Proc:
-        """Start argv with its output in a log file of its own."""
+    def start(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None
+    ) -> Proc:
+        """Start argv with its output in a log file of its own (in `cwd`, default ours)."""
         self.counter += 1
         log_path = self.log_dir / f"{self.counter:03d}-{name}.log"
         log: IO[bytes] = log_path.open("wb")
         try:
             popen = subprocess.Popen(
-                list(argv), env=dict(env), stdout=log, stderr=subprocess.STDOUT, cwd=Path.cwd()
+                list(argv),
+                env=dict(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd or Path.cwd(),
             )
         finally:
             log.close()

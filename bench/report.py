@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import enqueue, headline, standalone, tables, texts
+from bench import enqueue, headline, standalone, tables, texts, versus
 
 Render = Callable[[dict[str, Any], dict[str, str]], str]
 SECTIONS: tuple[tuple[str, str, Render], ...] = (
@@ -24,6 +24,7 @@ SECTIONS: tuple[tuple[str, str, Render], ...] = (
     ("delay", "One delay(): ours, the peer and a plain Celery publish", enqueue.table),
     ("ceiling", "Ceiling: publishing to the broker without a database", tables.ceiling),
     ("profile", "Where our relay's time goes (py-spy, drain of one relay)", tables.profile),
+    ("versus", "Against a previous commit: Redis drain and latency, alternating", versus.markdown),
     *((bench.key, bench.title, standalone.renderer(bench)) for bench in standalone.REGISTRY),
 )
 PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")

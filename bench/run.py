@@ -5,6 +5,7 @@
     python -m bench.run --quick --no-peer --out /tmp/bench.json    # ours only (the smoke test)
     python -m bench.run --scenarios latency,drain --brokers rabbitmq --write-docs
     python -m bench.run --render bench/results/latest.json          # docs again from a report
+    python -m bench.run --no-peer --brokers redis --scenarios versus --versus v0.3.0 --no-docs
 
 Everything runs in .venv-bench/ (created on first use: this checkout, django-celery-outbox
 0.4.3, matplotlib, py-spy) except with --no-peer, which needs neither the peer nor that venv.
@@ -14,6 +15,8 @@ RabbitMQ is a private node (devtools.rabbitserver; OUTBOX_BENCH_AMQP_URL to use 
 queue names unique to the run, deleted at the end). Each library gets its own databases and
 queues; the scenarios alternate the libraries, and those that touch a broker run once per
 broker (latency, drain, crash, ceiling, profile; writers for its relay-running rows).
+The versus scenario runs this checkout's relay against a previous commit's (--versus REV,
+default bench.versus.DEFAULT_REV; its venv built once under .venv-versus/), alternating, on Redis.
 Then the benchmarks that are programs of their own (bench/standalone.py: once, held,
 long_writer; in --quick only those with a quick mode), each as a subprocess on the run's Redis.
 """
@@ -41,7 +44,9 @@ DOCS = venv.ROOT / "docs" / "benchmarks.md"
 IMAGES = venv.ROOT / "docs" / "img"
 # The scenarios of the shared world, then the benchmarks that are programs of their own
 # (bench.standalone.REGISTRY: once, held, long_writer, ...), run after them in that order.
-WORLD_SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
+WORLD_SCENARIOS = (
+    "crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling", "versus",
+)  # fmt: skip
 SCENARIOS = WORLD_SCENARIOS + standalone.KEYS
 # Scenarios whose figures depend on the broker: run once per broker, reported as NAME.BROKER.
 PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
@@ -82,6 +87,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="py-spy our relay during an extra drain (default: on in full mode with the peer)",
+    )
+    parser.add_argument(
+        "--versus",
+        metavar="REV",
+        default=None,
+        help="the commit the versus scenario runs against, alternating (default: bench.versus.DEFAULT_REV)",
     )
     parser.add_argument(
         "--render", type=Path, metavar="JSON", help="only write the docs again from a saved report"
@@ -188,7 +199,7 @@ def benchmark(args: argparse.Namespace, command: str) -> dict[str, Any]:
         work_dir(args.work_dir) as folder,
         setup.world(folder, peer=args.peer, quick=args.quick, brokers=args.brokers) as world,
     ):
-        scenarios = run_scenarios(world, args.scenarios, args.profile)
+        scenarios = run_scenarios(world, args.scenarios, args.profile, args.versus)
         return {
             "command": command,
             "mode": "quick" if args.quick else "full",
@@ -218,9 +229,11 @@ def guarded(name: str, body: Callable[[], Any]) -> dict[str, Any]:
     return {"status": "ok", "seconds": seconds, "result": result}
 
 
-def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]:
+def run_scenarios(
+    world: Any, names: list[str], profile: bool, versus_rev: str | None = None
+) -> dict[str, Any]:
     """Each chosen scenario in a fixed order; the peer's crash waits overlap the others."""
-    from bench import drain, idle, latency, micro
+    from bench import drain, idle, latency, micro, versus
 
     runners: dict[str, Callable[[Any], Any]] = {
         "latency": latency.run,
@@ -230,6 +243,7 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
         "enqueue": micro.enqueue,
         "delay": _delay,
         "ceiling": micro.ceiling,
+        "versus": functools.partial(versus.run, rev=versus_rev or versus.DEFAULT_REV),
     }
     results: dict[str, Any] = {}
     waiting: dict[str, list[Any]] = {}

@@ -134,7 +134,7 @@ def queues(broker: Broker, sides: tuple[Side, ...]) -> list[str]:
     return sorted({broker.queue(slot.queue(side)) for slot in slots for side in sides})
 
 
-def _finish(bare: World, procs: list[Proc], what: str) -> list[str]:
+def finish(bare: World, procs: list[Proc], what: str) -> list[str]:
     """Wait for processes started together; their outputs. BenchError if one failed."""
     outputs = []
     for proc in procs:
@@ -152,13 +152,13 @@ def migrate(bare: World) -> None:
     """Each library's migrations, each into its own database, both at once."""
     argv = [sys.executable, "-m", "django", "migrate", "-v", "0", "--database"]
     procs = [bare.procs.start(f"migrate-{s.key}", [*argv, s.alias], bare.env()) for s in bare.sides]
-    _finish(bare, procs, "migrate")
+    finish(bare, procs, "migrate")
 
 
 def templates(bare: World) -> list[dict[str, Any]]:
     """One row per library written by its own write side (then deleted), both at once."""
     procs = [bare.worker(f"template-{s.key}", ["template", "--side", s.key]) for s in bare.sides]
-    return [template_from_output(out) for out in _finish(bare, procs, "writing a template row")]
+    return [template_from_output(out) for out in finish(bare, procs, "writing a template row")]
 
 
 def _meminfo() -> str:

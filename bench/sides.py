@@ -56,6 +56,11 @@ class Side:
     ready_marker: str  # what its relay logs once it is up
     insert_template: str
     template: dict[str, Any] | None = None  # one real row, filled in by load_template()
+    # Another commit's code (bench.versus): its interpreter, the PYTHONPATH that gives it this
+    # benchmark project, and its own database whatever the slot. None: this checkout's.
+    python: Path | None = None
+    path: Path | None = None
+    database: str | None = None
 
 
 OURS = Side(
@@ -92,6 +97,8 @@ class Slot:
     peer_queue: str
 
     def database(self, side: Side) -> str:
+        if side.database:
+            return side.database
         return self.ours_db if side.key == "ours" else self.peer_db
 
     def queue(self, side: Side) -> str:
@@ -162,13 +169,24 @@ class World:
             **extra,
         }
 
+    def side_env(self, side: Side, slot: Slot = MAIN) -> dict[str, str]:
+        """Environment of a process of the side's own code (its relay, its write side)."""
+        if side.path is None:
+            return self.env(slot)
+        path, database = str(side.path), slot.database(side)
+        # Its venv holds outbox_notify only, not the peer library.
+        return self.env(slot, PYTHONPATH=path, BENCH_OURS_DB=database, BENCH_PEER="0")
+
     def dsn(self, side: Side, slot: Slot = MAIN) -> str:
         return self.pg.dsn(slot.database(side))
 
     def start_relay(self, side: Side, slot: Slot = MAIN, name: str = "") -> Proc:
         """Start one relay of a side with its default flags."""
-        argv = [sys.executable, "-m", "django", *side.command]
-        return self.procs.start(name or f"relay-{side.key}", argv, self.env(slot))
+        argv = [str(side.python or sys.executable), "-m", "django", *side.command]
+        env = self.side_env(side, slot)
+        # `-m` puts the working directory first on sys.path: another commit's relay must not
+        # start in this checkout, whose outbox_notify would shadow its own.
+        return self.procs.start(name or f"relay-{side.key}", argv, env, cwd=side.path)
 
     def start_relays(self, side: Side, count: int, slot: Slot = MAIN) -> list[Proc]:
         """Start `count` relays and wait until each one is up."""

@@ -78,6 +78,16 @@ def machine(report: dict[str, Any]) -> str:
 
 
 NOTES = {
+    "versus": (
+        "\nThe same benchmark, run against this checkout's relay and a previous commit's, "
+        "alternating (previous first in odd rounds, this checkout first in even ones), so drift "
+        "on the machine hits both: read the ratio, not the absolute figures. The previous "
+        "commit's relay runs its own code from a virtualenv built from `git archive` "
+        "(`.venv-versus/`, reused while the pinned releases stay the same) against a database "
+        "its own migrations built. Alone: `make bench-versus` (`VERSUS=REV` for another "
+        "commit or release tag), or `python -m bench.run --no-peer --brokers redis "
+        "--scenarios versus --versus REV`; `make bench` runs it against the default commit.\n"
+    ),
     "latency": (
         "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
         "does not hang on one connection's fsync) and stamps each commit's return; a separate "

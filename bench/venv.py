@@ -7,9 +7,11 @@ use and reinstalled only when the requirement list or pyproject.toml changes.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import subprocess
 import sys
+import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -73,6 +75,44 @@ def build(venv: Path, pip_args: Sequence[str], *, upgrade_pip: bool = True) -> P
         if done.returncode != 0:
             raise BenchError(f"creating the venv {venv} failed at: {' '.join(argv)}")
     return venv_python
+
+
+def archive(rev: str, dest: Path, paths: Sequence[str]) -> None:
+    """Extract `paths` as they are at commit `rev` of this repository into `dest`."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "--format=tar", rev, *paths],
+            capture_output=True,
+            timeout=INSTALL_TIMEOUT,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise BenchError("git is not installed") from exc
+    if done.returncode != 0:
+        raise BenchError(f"git archive {rev} failed: {done.stderr!r}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def pins(path: Path) -> Path:
+    """This interpreter's releases as pip constraints (outbox-notify left out), in `path`.
+
+    Another commit's venv built under them runs on the same Celery, kombu, psycopg and Django.
+    """
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+        capture_output=True,
+        text=True,
+        timeout=INSTALL_TIMEOUT,
+        check=True,
+    ).stdout
+    lines = [
+        line
+        for line in frozen.splitlines()
+        if "==" in line and not line.lower().startswith(("outbox-notify==", "outbox_notify=="))
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def reexec(argv: list[str]) -> None:

@@ -123,6 +123,17 @@ bounds AS MATERIALIZED (
            e.n
     FROM ends AS e
 ),
+-- Where the *_left lists stop reading: the last row taken, or the end of the index when the
+-- claim was not full. One bound, not `exhausted OR ...`, so it is the index scan's condition:
+-- with an OR it was a filter, and each claim of a large backlog read every row left in it.
+upto AS MATERIALIZED (
+    SELECT CASE WHEN b.exhausted THEN 'infinity' ELSE b.due_at END AS due_at,
+           CASE WHEN b.exhausted THEN 9223372036854775807 ELSE b.due_id END AS due_id,
+           CASE WHEN b.exhausted THEN '18446744073709551615'::xid8 ELSE b.ready_txid END
+               AS ready_txid,
+           CASE WHEN b.exhausted THEN 9223372036854775807 ELSE b.ready_id END AS ready_id
+    FROM bounds AS b
+),
 snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s)
 SELECT part, id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
        retries, schema_version, since,
@@ -155,10 +166,11 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
             -- include: _late_due_rows
               AND m.id NOT IN (SELECT id FROM picked)),
         'due_left', ARRAY(
-            SELECT m.id FROM outbox_notify_message_v1 AS m, bounds AS b
+            SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _due_rows
-              AND (b.exhausted OR (m.retry_after, m.id) <= (b.due_at, b.due_id))
+              AND (m.retry_after, m.id)
+                  <= ((SELECT due_at FROM upto), (SELECT due_id FROM upto))
               AND m.id NOT IN (SELECT id FROM picked)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
                        WHERE b.walked_txid IS NOT NULL),
@@ -170,10 +182,10 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND w.id NOT IN (SELECT id FROM picked)),
         'ready_left', (
             SELECT json_agg(json_build_array(m.txid::text, m.id))
-            FROM outbox_notify_message_v1 AS m, bounds AS b
+            FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _ready_rows
-              AND (b.exhausted OR (m.txid, m.id) <= (b.ready_txid, b.ready_id))
+              AND (m.txid, m.id) <= ((SELECT ready_txid FROM upto), (SELECT ready_id FROM upto))
               AND m.id NOT IN (SELECT id FROM picked))
     );
 
@@ -273,11 +285,15 @@ FROM found AS f;
 -- and a claim of more rows than it guesses became a scan of the whole table and an on-disk
 -- sort of every row, at every claim, until autovacuum analysed the table again (270 ms for a
 -- batch of 2,000 out of 100,000 fresh rows, against 11 ms by the index).
+-- The plan is therefore the same whatever the parameters: the prepared claim keeps its
+-- generic plan instead of planning its dozen parts again at every claim (planning cost more
+-- than running a claim of 100 rows: a drain of 20,000 rows here, 10.5 -> 6.4 ms per claim).
 SELECT set_config('idle_in_transaction_session_timeout', %(timeout_ms)s, true),
        set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_bitmapscan', 'off', true),
-       set_config('enable_sort', 'off', true);
+       set_config('enable_sort', 'off', true),
+       set_config('plan_cache_mode', 'force_generic_plan', true);
 
 -- name: set_claim_lock_wait
 -- A claim made while this relay already holds another one must not queue behind a lock

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import io
 import json
 import os
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +34,7 @@ import redis
 from psycopg import sql as pgsql
 
 from bench import venv
+from bench.procs import BenchError
 from devtools.process import stop_process
 from tests.conftest import IN_CI
 from tests.integration.test_schema import _catalogue
@@ -95,36 +94,9 @@ def _unavailable(message: str) -> NoReturn:
 def _old_source(dest: Path) -> None:
     """The files of OLD_COMMIT the package and its test project need, from git history."""
     try:
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", "--format=tar", OLD_COMMIT, *OLD_PATHS],
-            capture_output=True,
-            timeout=STEP,
-            check=False,
-        )
-    except FileNotFoundError:
-        _unavailable("git is not installed")
-    if archive.returncode != 0:
-        _unavailable(f"commit {OLD_COMMIT} is not in the repository's history: {archive.stderr!r}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
-
-
-def _pins(path: Path) -> Path:
-    """This environment's releases as pip constraints: the old release runs on the same ones."""
-    frozen = subprocess.run(
-        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
-        capture_output=True,
-        text=True,
-        timeout=STEP,
-        check=True,
-    ).stdout
-    pins = [
-        line
-        for line in frozen.splitlines()
-        if "==" in line and not line.lower().startswith(("outbox-notify==", "outbox_notify=="))
-    ]
-    path.write_text("\n".join(pins) + "\n")
-    return path
+        venv.archive(OLD_COMMIT, dest, OLD_PATHS)
+    except BenchError as exc:
+        _unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +109,7 @@ def old_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
         base / "venv",
         # packaging: kombu 5.7's Redis transport imports it and outbox-notify's `redis` extra
         # does not install it (kombu declares it in its own `redis` extra only).
-        ["-c", str(_pins(base / "pins.txt")), f"{source}[binary,redis]", "packaging"],
+        ["-c", str(venv.pins(base / "pins.txt")), f"{source}[binary,redis]", "packaging"],
         upgrade_pip=False,
     )
     # Only the `tests` package on the path: `outbox_notify` comes from the installed wheel.

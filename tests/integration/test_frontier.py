@@ -126,6 +126,22 @@ def test_a_claim_does_not_read_the_rows_published_before_it(
     assert len(_publish_all(relay)) == 10
 
 
+def test_a_full_claim_reads_about_the_rows_it_claims_not_the_backlog_behind_them(
+    new_store: Any,
+) -> None:
+    """Inside a 50,000-row backlog, a full claim of 100 reads about 100 rows' pages, not the
+    rest of the backlog (the rows left behind are looked for only up to the last row taken)."""
+    relay = new_store()
+    with _connect() as writer:
+        _insert(writer, 50_000)
+    with relay.claim(100) as claim:  # moves the frontier into the backlog
+        claim.finish(Outcome(published=[row.id for row in claim.rows]))
+    mid_backlog = _claim_buffers(relay.frontier, limit=100)
+    # Before the bound was an index condition, this claim read all 49,900 rows left (over
+    # 950 buffers here); now about 300.
+    assert mid_backlog < 600, mid_backlog
+
+
 def test_rows_another_relay_published_are_read_at_most_once(
     new_store: Any, old_snapshot: psycopg.Connection[Any]
 ) -> None:
