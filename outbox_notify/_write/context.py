@@ -1,7 +1,8 @@
-"""Captures the request's structlog and Sentry context at enqueue, for use at publish.
+"""Captures the request's structlog, Sentry and OpenTelemetry context at enqueue, for publish.
 
-This runs on every enqueue, so it decides as little as possible per call: Sentry is looked
-up in `sys.modules` (an SDK nobody imported cannot have been initialised, and a failed
+This runs on every enqueue, so it decides as little as possible per call: Sentry and
+OpenTelemetry are looked up in `sys.modules` (an SDK nobody imported cannot have been
+initialised, no span can be current without `opentelemetry.trace` imported, and a failed
 `import` is not cached by Python, so trying it per call would walk `sys.path` each time).
 """
 
@@ -52,6 +53,20 @@ def sentry_context() -> dict[str, str]:
     return headers
 
 
+def otel_context() -> dict[str, str]:
+    """The current OpenTelemetry span as the headers its propagators write (W3C `traceparent`,
+    `tracestate` by default); {} when no valid span is current or the API is not imported."""
+    trace = sys.modules.get("opentelemetry.trace")
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    from opentelemetry import propagate
+
+    # The global propagators, as Celery's instrumentation uses for inject and extract.
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
 SENTRY_HEADERS = ("sentry-trace", "baggage")
 
 
@@ -84,4 +99,7 @@ def capture(
     trace = sentry_context() if sentry else None
     if trace:
         context["sentry"] = trace
+    otel = otel_context()
+    if otel:
+        context["otel"] = otel
     return context

@@ -75,13 +75,24 @@ def _body(row: ClaimedRow, spec: PublishSpec) -> Any:
 
 
 def _headers(spec: PublishSpec, context: dict[str, Any]) -> dict[str, Any]:
+    """The stored headers, plus the trace headers captured at enqueue that they lack.
+
+    Sentry's come first, then OpenTelemetry's (`traceparent`, `tracestate`...): Celery's
+    OpenTelemetry instrumentation reads them from the task request, which a worker fills from
+    the message headers. A header the call or a tracing wrapper set itself is kept.
+    """
     sentry = context.get("sentry") or {}
-    if not sentry:
+    otel = context.get("otel") or {}
+    if not sentry and not otel:
         return spec.headers
     headers = dict(spec.headers)
     for key in SENTRY_HEADERS:
         if key in sentry and key not in headers:
             headers[key] = sentry[key]
+    if isinstance(otel, dict):
+        for key, value in otel.items():
+            if isinstance(value, str) and key not in headers:
+                headers[key] = value
     return headers
 
 

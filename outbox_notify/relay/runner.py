@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from outbox_notify import conf, metrics, observability, queues, transport
+from outbox_notify import conf, metrics, observability, otel, queues, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -68,21 +68,26 @@ def build_relay(
             stale_timeout=config.stale_timeout,
             frontier=frontier,
         )
+    tracing = otel.Tracing(otel.tracer())  # spans only when a tracer provider is configured
     broker = publisher_for(app, send_timeout=config.send_timeout)
     # A publisher with two batches in flight (RabbitMQ) claims the next one on a second claim
     # connection while the broker confirms the previous one.
     spare = None
     if overlaps(broker):
-        spare = ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
+        spare = tracing.store(
+            ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
+        )
     return Relay(
         config,
-        store=ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier),
+        store=tracing.store(
+            ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
+        ),
         spare_store=spare,
         listener=listener,
-        publisher=ChordPublisher(
-            SentEventPublisher(broker, app, send_timeout=config.send_timeout), app
+        publisher=tracing.publisher(
+            ChordPublisher(SentEventPublisher(broker, app, send_timeout=config.send_timeout), app)
         ),
-        metrics=metrics.from_settings(),
+        metrics=otel.with_meter(metrics.from_settings()),
         reporters=[*reporters(), *extra_reporters],
     )
 

@@ -269,12 +269,13 @@ EXTRA_BRINGS = {
     "redis": "redis",
     "sentry": "sentry_sdk",
     "datadog": "datadog",
+    "otel": "opentelemetry",
 }
 PROBE_EXTRAS = textwrap.dedent(
     """
     import importlib.util
     import psycopg
-    names = ("psycopg_binary", "orjson", "redis", "sentry_sdk", "datadog")
+    names = ("psycopg_binary", "orjson", "redis", "sentry_sdk", "datadog", "opentelemetry")
     print(" ".join(name for name in names if importlib.util.find_spec(name)))
     print(psycopg.pq.__impl__)
     """

@@ -21,7 +21,7 @@ from outbox_notify import _compat
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 # The runtime libraries (and the optional ones users install) whose releases the matrix pins.
-PINNED = ("django", "celery", "kombu", "psycopg", "structlog", "redis", "orjson", "sentry-sdk", "datadog")  # fmt: skip
+PINNED = ("django", "celery", "kombu", "psycopg", "structlog", "redis", "orjson", "sentry-sdk", "datadog", "opentelemetry-api")  # fmt: skip
 
 
 def _pins(session: str) -> dict[str, Version]:
@@ -36,7 +36,7 @@ def _pins(session: str) -> dict[str, Version]:
 
 def _declared() -> dict[str, Requirement]:
     project = PYPROJECT["project"]
-    optional = [r for extra in ("redis", "fast", "sentry", "datadog") for r in project["optional-dependencies"][extra]]  # fmt: skip
+    optional = [r for extra in ("redis", "fast", "sentry", "datadog", "otel") for r in project["optional-dependencies"][extra]]  # fmt: skip
     found = {}
     for text in [*project["dependencies"], *optional]:
         requirement = Requirement(text)
