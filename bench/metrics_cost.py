@@ -106,6 +106,16 @@ def _scrape(port: int) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def _await_count(port: int, rows: int) -> None:
+    """Wait until /metrics counts every publish: the counter moves when a batch commits,
+    a moment after its messages reached the broker."""
+    deadline = time.monotonic() + 30
+    while (counted := _scrape(port)) < rows:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"/metrics counted {counted} of {rows} publishes")
+        time.sleep(0.05)
+
+
 def one_drain(
     url: str, client: redis.Redis, rows: int, round_no: int, metrics: bool
 ) -> dict[str, Any]:
@@ -130,9 +140,7 @@ def one_drain(
         seconds = time.monotonic() - started
         cpu = cpu_seconds(relay.pid) - cpu_before
         if port is not None:
-            counted = _scrape(port)
-            if counted < rows:
-                raise SystemExit(f"/metrics counted {counted} of {rows} publishes")
+            _await_count(port, rows)
     finally:
         relay.terminate()
         relay.wait(timeout=30)
