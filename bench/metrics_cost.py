@@ -37,7 +37,7 @@ from outbox_notify import sql
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("OUTBOX_BENCH_REDIS_URL", "redis://127.0.0.1:6379/12")
 QUEUE = "outbox-bench-metrics"
-SETTLE = 1.5  # seconds between a relay's start and the commit of the backlog
+SETTLE = 1.5  # seconds between a relay's outbox.relay_started and the commit of the backlog
 SCRAPE_EVERY = 0.5  # seconds between scrapes while draining (Prometheus's default is 15 s)
 DEADLINE = 300.0  # seconds one drain may take
 LOGS = Path(tempfile.mkdtemp(prefix="outbox-bench-metrics-"))  # the relays' output
@@ -86,16 +86,16 @@ def _relay(url: str, log: Path, metrics: bool) -> subprocess.Popen[bytes]:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _port(log: Path) -> int:
-    deadline = time.monotonic() + 30
+def _started(log: Path) -> int | None:
+    """Wait for the relay's start (so its start-up CPU is not counted); its metrics port."""
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        found = re.search(
-            r"outbox\.metrics_serving.*?port\W+(\d+)", log.read_text(errors="replace")
-        )
-        if found:
-            return int(found.group(1))
+        text = log.read_text(errors="replace")
+        if "outbox.relay_started" in text:
+            found = re.search(r"outbox\.metrics_serving.*?port\W+(\d+)", text)
+            return int(found.group(1)) if found else None
         time.sleep(0.05)
-    raise SystemExit(f"the relay never served metrics:\n{log.read_text(errors='replace')}")
+    raise SystemExit(f"the relay did not start:\n{log.read_text(errors='replace')}")
 
 
 def _scrape(port: int) -> float:
@@ -124,7 +124,9 @@ def one_drain(
     client.delete(QUEUE)
     relay = _relay(url, log, metrics)
     try:
-        port = _port(log) if metrics else None
+        port = _started(log)
+        if metrics and port is None:
+            raise SystemExit(f"the relay serves no metrics:\n{log.read_text(errors='replace')}")
         time.sleep(SETTLE)
         cpu_before = cpu_seconds(relay.pid)
         _commit_backlog(url, rows, round_no)
