@@ -15,6 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from outbox_notify import metrics_prometheus
+from outbox_notify.metrics import NullMetrics, combined
 from outbox_notify.metrics_prometheus import PREFIX, PrometheusMetrics
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -201,3 +202,17 @@ def test_the_alert_rules_use_only_exported_metrics() -> None:
     assert "OutboxOldestPendingTooOld" in rules
     used = used_names(text)
     assert used - exported_names() == set()
+
+
+def test_statsd_and_prometheus_together_both_hear_every_call() -> None:
+    """combined(): NullMetrics left out; two sinks on are a FanOut that feeds both."""
+    first, second = PrometheusMetrics(), PrometheusMetrics()
+    assert combined(NullMetrics(), first) is first
+    assert isinstance(combined(NullMetrics(), NullMetrics()), NullMetrics)
+    both = combined(first, second)
+    both.published("shop.charge", 2)
+    both.queue(5, 1.0)
+    for sink in (first, second):
+        got = samples(sink.exposition().decode())
+        assert got[(PREFIX + "published_total", (("task_name", "shop.charge"),))] == 2
+        assert got[(PREFIX + "queue_depth_rows", ())] == 5
