@@ -15,7 +15,7 @@ help:  ## list the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,lint,redis,sentry,datadog,otel]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,redis,sentry,datadog,otel,prometheus]'
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv and install the package with its test and lint tools

@@ -22,7 +22,7 @@ nox.options.reuse_venv = "yes"  # pip re-applies the pins on every run (CI start
 nox.options.download_python = "never"  # this machine reaches no interpreter downloads
 # A missing interpreter skips its session locally and fails it under CI=true (nox's default).
 
-EXTRAS = ".[test,redis,sentry,datadog,otel]"
+EXTRAS = ".[test,redis,sentry,datadog,otel,prometheus]"
 OLDEST_PYTHON = "3.11"
 NEWEST_PYTHON = "3.13"
 

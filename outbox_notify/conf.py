@@ -28,6 +28,8 @@ DEFAULT_DEAD_LETTER_RETENTION_DAYS = 30
 # again) until they are purged. docs/once.md#keeping-keys-retention-and-purge
 DEFAULT_INBOX_RETENTION_DAYS = 30
 DEFAULT_STATSD_PORT = 8125
+# Loopback unless asked: /metrics and /healthz tell anyone who can reach them about the queue.
+DEFAULT_METRICS_ADDRESS = "127.0.0.1"
 # Bytes of one task's stored JSON (args + kwargs + options). Under RabbitMQ 4's default
 # max_message_size (16 MiB; 3.x: 128 MiB) and Redis's proto-max-bulk-len (512 MB) even after
 # the Redis transport's base64 (x 4/3) and envelope: see docs/reference.md#settings.
@@ -135,6 +137,17 @@ def _statsd_port(value: Any) -> int:
     return whole_number(value, minimum=1, maximum=65535)
 
 
+def _metrics_port(value: Any) -> int | None:
+    # 0 asks the kernel for a free port (the relay logs the one it got).
+    return None if value is None else whole_number(value, minimum=0, maximum=65535)
+
+
+def _metrics_address(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise Invalid(f"must be an IP address or host name to bind, not {value!r}")
+    return value
+
+
 def _statsd_tags(value: Any) -> list[str]:
     if value is None:
         return []
@@ -178,6 +191,8 @@ SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("STATSD_PORT", DEFAULT_STATSD_PORT, _statsd_port),
     ("STATSD_PREFIX", None, _optional_text),
     ("STATSD_TAGS", None, _statsd_tags),
+    ("METRICS_PORT", None, _metrics_port),
+    ("METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS, _metrics_address),
     ("MAX_MESSAGE_BYTES", DEFAULT_MAX_MESSAGE_BYTES, _max_message_bytes),
     ("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after),
     ("INBOX_RETENTION_DAYS", DEFAULT_INBOX_RETENTION_DAYS, _retention_days),
@@ -259,6 +274,16 @@ def statsd() -> dict[str, Any] | None:
         "namespace": _read("STATSD_PREFIX", None, _optional_text) or None,
         "constant_tags": _read("STATSD_TAGS", None, _statsd_tags),
     }
+
+
+def metrics_port() -> int | None:
+    """The port of the relay's Prometheus endpoint, or None (off unless --metrics-port)."""
+    return _read("METRICS_PORT", None, _metrics_port)
+
+
+def metrics_address() -> str:
+    """The address the relay's Prometheus endpoint binds (loopback by default)."""
+    return _read("METRICS_ADDRESS", DEFAULT_METRICS_ADDRESS, _metrics_address)
 
 
 def hold_eta_after() -> float | None:

@@ -73,6 +73,53 @@ class NullMetrics:
         return None
 
 
+class FanOut:
+    """Several Metrics as one (StatsD and Prometheus both on): each call goes to every sink."""
+
+    def __init__(self, *sinks: Metrics) -> None:
+        self.sinks = sinks
+
+    def published(self, task_name: str, count: int = 1) -> None:
+        for sink in self.sinks:
+            sink.published(task_name, count)
+
+    def failed(self, task_name: str, count: int = 1) -> None:
+        for sink in self.sinks:
+            sink.failed(task_name, count)
+
+    def dead_lettered(self, task_name: str, count: int = 1) -> None:
+        for sink in self.sinks:
+            sink.dead_lettered(task_name, count)
+
+    def deferred(self, count: int) -> None:
+        for sink in self.sinks:
+            sink.deferred(count)
+
+    def batch(self, size: int, seconds: float) -> None:
+        for sink in self.sinks:
+            sink.batch(size, seconds)
+
+    def lag(self, seconds: float) -> None:
+        for sink in self.sinks:
+            sink.lag(seconds)
+
+    def queue(self, depth: int, oldest_seconds: float) -> None:
+        for sink in self.sinks:
+            sink.queue(depth, oldest_seconds)
+
+    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+        for sink in self.sinks:
+            sink.vacuum(dead_rows, snapshot_seconds)
+
+
+def combined(*sinks: Metrics) -> Metrics:
+    """One Metrics for these sinks: NullMetrics left out, FanOut only when two remain."""
+    on = [sink for sink in sinks if not isinstance(sink, NullMetrics)]
+    if not on:
+        return NullMetrics()
+    return on[0] if len(on) == 1 else FanOut(*on)
+
+
 class TaskNameTags:
     """Bounds the task_name tag's cardinality: the first `limit` names, then OTHER_TASKS."""
 
@@ -81,15 +128,19 @@ class TaskNameTags:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def tag(self, task_name: str) -> str:
-        """The `task_name:...` tag for this name, sanitised and within the cap."""
+    def value(self, task_name: str) -> str:
+        """The task_name tag's (or label's) value for this name, sanitised and within the cap."""
         name = _UNSAFE_TAG_CHARS.sub("_", task_name)[:MAX_TAG_LENGTH] or "_"
         with self._lock:
             if name not in self._seen and len(self._seen) >= self.limit:
                 name = OTHER_TASKS
             else:
                 self._seen.add(name)
-        return f"task_name:{name}"
+        return name
+
+    def tag(self, task_name: str) -> str:
+        """The `task_name:...` tag for this name, sanitised and within the cap."""
+        return f"task_name:{self.value(task_name)}"
 
 
 class DogStatsdMetrics:

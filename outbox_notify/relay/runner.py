@@ -13,7 +13,7 @@ import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from outbox_notify import conf, metrics, observability, otel, queues, transport
+from outbox_notify import conf, metrics, metrics_prometheus, observability, otel, queues, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
@@ -51,6 +51,7 @@ def build_relay(
     listen: bool,
     wake_fd: int | None,
     extra_reporters: Sequence[Reporter] = (),
+    extra_metrics: metrics.Metrics | None = None,
 ) -> Relay:
     """A relay wired to the outbox alias, the configured Celery app, metrics and reporters."""
     app = conf.celery_app()
@@ -87,9 +88,29 @@ def build_relay(
         publisher=tracing.publisher(
             ChordPublisher(SentEventPublisher(broker, app, send_timeout=config.send_timeout), app)
         ),
-        metrics=otel.with_meter(metrics.from_settings()),
+        metrics=otel.with_meter(
+            metrics.combined(metrics.from_settings(), extra_metrics or metrics.NullMetrics())
+        ),
         reporters=[*reporters(), *extra_reporters],
     )
+
+
+@contextlib.contextmanager
+def prometheus_endpoint(
+    port: int | None, address: str | None
+) -> Iterator[metrics_prometheus.PrometheusMetrics | None]:
+    """The Prometheus metrics of `--metrics-port` (or OUTBOX_NOTIFY_METRICS_PORT), served at
+    /metrics and /healthz while the block runs; None when neither asks for them."""
+    port = conf.metrics_port() if port is None else port
+    if port is None:
+        yield None
+        return
+    exporter = metrics_prometheus.PrometheusMetrics()
+    endpoint = metrics_prometheus.serve(exporter, address or conf.metrics_address(), port)
+    try:
+        yield exporter
+    finally:
+        endpoint.close()
 
 
 def check_reachable(relay: Relay) -> None:

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import importlib.metadata
 import json
+import re
 import socket
 import subprocess
 import sys
 import tarfile
 import textwrap
+import urllib.request
 import uuid
 import zipfile
 from collections.abc import Callable, Iterator
@@ -270,12 +273,21 @@ EXTRA_BRINGS = {
     "sentry": "sentry_sdk",
     "datadog": "datadog",
     "otel": "opentelemetry",
+    "prometheus": "prometheus_client",
 }
 PROBE_EXTRAS = textwrap.dedent(
     """
     import importlib.util
     import psycopg
-    names = ("psycopg_binary", "orjson", "redis", "sentry_sdk", "datadog", "opentelemetry")
+    names = (
+        "psycopg_binary",
+        "orjson",
+        "redis",
+        "sentry_sdk",
+        "datadog",
+        "opentelemetry",
+        "prometheus_client",
+    )
     print(" ".join(name for name in names if importlib.util.find_spec(name)))
     print(psycopg.pq.__impl__)
     """
@@ -360,8 +372,12 @@ def test_each_extra_alone_relays_a_task_to_a_worker(
         if extra == "datadog":
             port = str(statsd.getsockname()[1])
             env |= {"WHEEL_STATSD_HOST": "127.0.0.1", "WHEEL_STATSD_PORT": port}
+        check = None
+        if extra == "prometheus":
+            env["WHEEL_METRICS_PORT"] = str(_free_port())
+            check = functools.partial(_scrape_published, int(env["WHEEL_METRICS_PORT"]))
         try:
-            executed = _deliver(python, project, env, record)
+            executed = _deliver(python, project, env, record, check)
         finally:
             _delete_queue(broker_url, queue)
         if extra == "datadog":
@@ -375,9 +391,34 @@ def _manage(python: Path, *argv: str) -> list[str]:
     return [str(python), "manage.py", *argv]
 
 
-def _deliver(python: Path, project: Path, env: dict[str, str], record: Path) -> dict[str, Any]:
+def _free_port() -> int:
+    """A TCP port free on the loopback address a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _scrape_published(port: int) -> None:
+    """The running relay's /metrics counts a published task, and /healthz answers 200."""
+    base = f"http://127.0.0.1:{port}"
+    # Only http://127.0.0.1 URLs built here.
+    with urllib.request.urlopen(base + "/healthz", timeout=10) as response:  # noqa: S310
+        assert response.status == 200
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as response:  # noqa: S310
+        text = response.read().decode()
+    assert re.search(r"^outbox_notify_published_total\{[^}]*\} [1-9]", text, re.M), text
+
+
+def _deliver(
+    python: Path,
+    project: Path,
+    env: dict[str, str],
+    record: Path,
+    check: Callable[[], None] | None = None,
+) -> dict[str, Any]:
     """Migrate, start a worker and a relay from the venv, enqueue one task (`delay()` in a
-    transaction, from `manage.py shell`); what the worker recorded."""
+    transaction, from `manage.py shell`); what the worker recorded. `check` runs while the
+    relay still runs, after the task ran."""
     logs = project.parent
     worker_flags = ["--pool", "solo", "--without-heartbeat", "--without-mingle", "--without-gossip"]
     worker = Process(
@@ -404,6 +445,8 @@ def _deliver(python: Path, project: Path, env: dict[str, str], record: Path) -> 
             what="the task to run on the worker",
             context=context,
         )
+        if check is not None:
+            check()
     finally:
         relay_status = relay.stop() if relay else None
         worker.stop()

@@ -82,6 +82,7 @@ CELERY_TASK_DEFAULT_QUEUE = os.environ.get("WHEEL_QUEUE", "celery")
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = False
 OUTBOX_NOTIFY_STATSD_HOST = os.environ.get("WHEEL_STATSD_HOST") or None
 OUTBOX_NOTIFY_STATSD_PORT = int(os.environ.get("WHEEL_STATSD_PORT") or 8125)
+OUTBOX_NOTIFY_METRICS_PORT = int(os.environ.get("WHEEL_METRICS_PORT") or 0) or None
 
 if os.environ.get("WHEEL_SENTRY_DSN"):
     import sentry_sdk

@@ -154,6 +154,9 @@ INVALID_SETTINGS = [
     _invalid("OUTBOX_NOTIFY_STATSD_PORT", 70000, "out-of-range"),
     _invalid("OUTBOX_NOTIFY_STATSD_TAGS", "env:prod", "a-string"),
     _invalid("OUTBOX_NOTIFY_STATSD_HOST", 127, "not-a-string"),
+    _invalid("OUTBOX_NOTIFY_METRICS_PORT", "9108", "a-string"),
+    _invalid("OUTBOX_NOTIFY_METRICS_PORT", 70000, "out-of-range"),
+    _invalid("OUTBOX_NOTIFY_METRICS_ADDRESS", "", "empty"),
     _invalid("OUTBOX_NOTIFY_MAX_MESSAGE_BYTES", 0, "zero"),
     _invalid("OUTBOX_NOTIFY_MAX_MESSAGE_BYTES", "10MB", "a-string"),
 ]

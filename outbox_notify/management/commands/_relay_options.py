@@ -90,6 +90,26 @@ def add_flags(parser: argparse.ArgumentParser, names: tuple[str, ...]) -> None:
             )
 
 
+def add_metrics_flags(parser: argparse.ArgumentParser) -> None:
+    """--metrics-port and --metrics-address (outbox_listen): the Prometheus endpoint."""
+    parser.add_argument(
+        "--metrics-port",
+        type=whole_number(0),
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at /metrics and a probe at /healthz on this port "
+        "(0: any free port; default OUTBOX_NOTIFY_METRICS_PORT, else off; needs the "
+        "prometheus extra)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="ADDRESS",
+        help="address the metrics port binds (default OUTBOX_NOTIFY_METRICS_ADDRESS, "
+        "else 127.0.0.1)",
+    )
+
+
 def config_from(options: dict[str, Any], names: tuple[str, ...]) -> RelayConfig:
     """A RelayConfig from parsed options (only the named flags)."""
     config = RelayConfig(**{name: options[name] for name in names})

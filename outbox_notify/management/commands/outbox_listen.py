@@ -11,9 +11,19 @@ from outbox_notify.management.commands._common import (
     reported,
     require_relay_privileges,
 )
-from outbox_notify.management.commands._relay_options import LISTEN_FLAGS, add_flags, config_from
+from outbox_notify.management.commands._relay_options import (
+    LISTEN_FLAGS,
+    add_flags,
+    add_metrics_flags,
+    config_from,
+)
 from outbox_notify.relay.loop import Relay
-from outbox_notify.relay.runner import build_relay, check_reachable, stop_signals
+from outbox_notify.relay.runner import (
+    build_relay,
+    check_reachable,
+    prometheus_endpoint,
+    stop_signals,
+)
 
 
 class Command(OutboxCommand):
@@ -26,14 +36,20 @@ class Command(OutboxCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         add_flags(parser, LISTEN_FLAGS)
+        add_metrics_flags(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
         require_relay_privileges()
         with reported(RELAY_NEEDS):
             config = config_from(options, LISTEN_FLAGS)
             holder: list[Relay] = []
-            with stop_signals(holder) as wake_fd:
-                relay = build_relay(config, listen=not config.poll_only, wake_fd=wake_fd)
+            port, address = options["metrics_port"], options["metrics_address"]
+            with stop_signals(holder) as wake_fd, prometheus_endpoint(port, address) as exporter:
+                relay = build_relay(
+                    config, listen=not config.poll_only, wake_fd=wake_fd, extra_metrics=exporter
+                )
+                if exporter is not None:
+                    exporter.state = relay  # /healthz: 503 until connected
                 holder.append(relay)
                 check_reachable(relay)
                 relay.run()

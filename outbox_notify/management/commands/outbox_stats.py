@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
 
-from outbox_notify import conf, inbox, stats
+from outbox_notify import conf, inbox, metrics_prometheus, stats
 from outbox_notify.management.commands._common import OutboxCommand, reported, seconds, whole_number
 
 LAG_EXIT_CODE = 2  # distinct from 1 (any other error), so a probe can tell lag from a crash
@@ -29,7 +29,12 @@ class Command(OutboxCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--format", choices=("text", "json"), default="text")
+        parser.add_argument(
+            "--format",
+            choices=("text", "json", "prometheus"),
+            default="text",
+            help="prometheus: the gauges in Prometheus's text format, for a textfile collector",
+        )
         parser.add_argument(
             "--top",
             type=whole_number(0),
@@ -51,7 +56,9 @@ class Command(OutboxCommand):
         with reported(NEEDS):
             snapshot = stats.collect(connection, top=top)
             keys = inbox.collect_stats(connection)
-        if options["format"] == "json":
+        if options["format"] == "prometheus":
+            self.stdout.write(metrics_prometheus.stats_exposition(snapshot), ending="")
+        elif options["format"] == "json":
             data = {**as_json(snapshot, top), **keys.as_dict()}
             data["exact"]["inbox_records"] = keys.records_exact
             self.stdout.write(json.dumps(data, sort_keys=True))
