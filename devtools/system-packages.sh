@@ -8,6 +8,7 @@
 #   pgbouncer                          pgbouncer
 #   redis-server                       redis-server
 #   rabbitmq-server, rabbitmqctl       rabbitmq-server
+#   chromium, chromedriver             chromium, chromium-driver (the admin dashboard's browser test)
 set -euo pipefail
 
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/lib/rabbitmq/bin/$1" ]; }
@@ -18,6 +19,8 @@ have_pg_server || missing+=(postgresql)
 have pgbouncer || missing+=(pgbouncer)
 have redis-server || missing+=(redis-server)
 { have rabbitmq-server && have rabbitmqctl; } || missing+=(rabbitmq-server)
+have chromium || missing+=(chromium)
+have chromedriver || missing+=(chromium-driver)
 
 if [ ${#missing[@]} -eq 0 ]; then
     exit 0

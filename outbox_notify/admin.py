@@ -13,12 +13,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Model, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 from django.utils import timezone
 
-from outbox_notify import compact, conf, deadletter, held, redaction, stats
+from outbox_notify import compact, conf, dashboard, deadletter, held, redaction, stats
 from outbox_notify.exceptions import ConfigurationError
 from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
 from outbox_notify.serialization import EVENT_VERSION
@@ -242,6 +245,28 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         "created_at",
     )
     actions = ("reset_retries", "cancel")
+
+    def get_urls(self) -> list[URLPattern]:
+        """The changelist's URLs and the Outbox dashboard (dashboard/, view permission)."""
+        dashboard = path(
+            "dashboard/",
+            self.admin_site.admin_view(self.dashboard_view),
+            name="outbox_notify_dashboard",
+        )
+        return [dashboard, *super().get_urls()]
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        """The Outbox dashboard (outbox_notify/dashboard.py), for staff who may view the outbox."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        window = request.GET.get("window", "hour")
+        context = {
+            **self.admin_site.each_context(request),
+            **dashboard.collect(window if window in dashboard.WINDOWS else "hour"),
+            "title": "Outbox dashboard",
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/outbox_notify/dashboard.html", context)
 
     @admin.display(description="last error")
     def last_error_preview(self, obj: OutboxMessage) -> str:

@@ -32,9 +32,11 @@ from outbox_notify.relay.store import (
     Outcome,
     Peek,
     QueueGauges,
+    Sample,
     SnapshotHolder,
     finalize_params,
     gauge_params,
+    sample_params,
 )
 from outbox_notify.serialization import SCHEMA_VERSION
 
@@ -107,6 +109,7 @@ class InMemoryStore:
         self.holder: SnapshotHolder | None = None
         self.probes: list[str] = []
         self.frontier: Any = None  # the state save_frontier stored last
+        self.samples: list[dict[str, Any]] = []  # record_sample's parameters, in order
 
     def run(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         """Run the in-memory twin of the named query."""
@@ -169,6 +172,11 @@ class InMemoryStore:
         """Keep the payload in `probes`."""
         self.run("notify_probe", {"payload": payload})
 
+    def record_sample(self, sample: Sample) -> None:
+        """Keep the sample's parameters in `samples` (fails like the gauges with
+        `gauge_error`)."""
+        self.run("record_sample", sample_params(sample))
+
     # -- the named queries: parameters as in sql/queries.sql, `frontier` for Frontier.params()
 
     def query_ensure_frontier_row(self, *, max_version: int) -> None: ...
@@ -221,6 +229,45 @@ class InMemoryStore:
 
     def query_notify_probe(self, *, payload: str) -> None:
         self.probes.append(payload)
+
+    def query_record_sample(
+        self,
+        *,
+        relay: str,
+        host: str,
+        pid: int,
+        mode: str,
+        seconds: float,
+        published: int,
+        retried: int,
+        dead_lettered: int,
+        deferred: int,
+        lag_p50_ms: float | None,
+        lag_p99_ms: float | None,
+        depth: int,
+        dead_by_task: Any,
+        limit: int,
+        keep_seconds: float,
+    ) -> None:
+        if self.gauge_error is not None:
+            raise GaugeUnavailable(self.gauge_error)
+        self.samples.append(
+            {
+                "relay": relay,
+                "host": host,
+                "pid": pid,
+                "mode": mode,
+                "seconds": seconds,
+                "published": published,
+                "retried": retried,
+                "dead_lettered": dead_lettered,
+                "deferred": deferred,
+                "lag_p50_ms": lag_p50_ms,
+                "lag_p99_ms": lag_p99_ms,
+                "depth": depth,
+                "dead_by_task": dict(dead_by_task.obj),
+            }
+        )
 
 
 class ScriptedPublisher:

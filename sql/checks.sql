@@ -38,5 +38,8 @@ FROM (VALUES
     ('outbox_notify_dead_letter_v1', 'INSERT', NULL),
     ('outbox_notify_frontier_v1', 'SELECT', NULL),
     ('outbox_notify_frontier_v1', 'INSERT', NULL),
-    ('outbox_notify_frontier_v1', 'UPDATE', NULL)
+    ('outbox_notify_frontier_v1', 'UPDATE', NULL),
+    ('outbox_notify_sample_v1', 'SELECT', NULL),
+    ('outbox_notify_sample_v1', 'INSERT', NULL),
+    ('outbox_notify_sample_v1', 'DELETE', NULL)
 ) AS needed (tbl, privilege, col);

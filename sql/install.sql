@@ -133,6 +133,32 @@ CREATE TABLE outbox_notify_inbox_v1 (
 CREATE INDEX outbox_notify_inbox_v1_created_at_idx
     ON outbox_notify_inbox_v1 (created_at);
 
+-- What the admin's Outbox dashboard draws (added by migration 0006_samples): one row per
+-- relay per sample interval, written by the relay (outbox_notify/relay/samples.py), which
+-- deletes the rows older than a day in the same statement.
+CREATE TABLE outbox_notify_sample_v1 (
+    relay text NOT NULL,
+    at timestamptz NOT NULL DEFAULT now(),
+    host text NOT NULL,
+    pid integer NOT NULL,
+    mode text NOT NULL,
+    seconds double precision NOT NULL,
+    published integer NOT NULL,
+    retried integer NOT NULL,
+    dead_lettered integer NOT NULL,
+    deferred integer NOT NULL,
+    lag_p50_ms double precision,
+    lag_p99_ms double precision,
+    depth bigint NOT NULL,
+    held bigint NOT NULL,
+    retrying bigint NOT NULL,
+    dead_letters bigint NOT NULL,
+    dead_by_task json NOT NULL DEFAULT '{}',
+    PRIMARY KEY (relay, at)
+);
+
+CREATE INDEX outbox_notify_sample_v1_at_idx ON outbox_notify_sample_v1 (at);
+
 -- The wake-up trigger.
 --
 -- A NOTIFY makes its transaction take a cluster-wide lock at commit that is held until the

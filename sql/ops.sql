@@ -334,3 +334,51 @@ SELECT set_config('lock_timeout', %(timeout_ms)s, false);
 
 -- name: reset_lock_timeout
 RESET lock_timeout;
+
+-- name: dashboard_series
+-- The admin dashboard's charts (outbox_notify/dashboard.py): the relays' samples of the last
+-- %(window)s seconds in buckets of %(bucket)s seconds, read through the sample table's
+-- `at` index. The queue's gauges are the same for every relay: the highest per bucket. The
+-- counts add up over relays; the rate is the bucket's published rows per second. Lag: the
+-- relays' p50s averaged, the highest p99.
+SELECT
+    floor(extract(epoch FROM at) / %(bucket)s) * %(bucket)s AS t,
+    max(depth) AS depth,
+    max(held) AS held,
+    max(retrying) AS retrying,
+    max(dead_letters) AS dead_letters,
+    sum(published) / %(bucket)s::float8 AS rate,
+    sum(retried) AS retried,
+    avg(lag_p50_ms) AS lag_p50_ms,
+    max(lag_p99_ms) AS lag_p99_ms
+FROM outbox_notify_sample_v1
+WHERE at > now() - make_interval(secs => %(window)s)
+GROUP BY 1
+ORDER BY 1;
+
+-- name: dashboard_dead_by_task
+-- Rows dead-lettered per task and bucket over the last %(window)s seconds.
+SELECT floor(extract(epoch FROM s.at) / %(bucket)s) * %(bucket)s AS t, d.key,
+       sum(d.value::bigint) AS dead
+FROM outbox_notify_sample_v1 AS s, json_each_text(s.dead_by_task) AS d
+WHERE s.at > now() - make_interval(secs => %(window)s)
+GROUP BY 1, 2
+ORDER BY 1, 2;
+
+-- name: dashboard_relays
+-- Each relay's last sample of the last %(window)s seconds: who it is, how it waits, when it
+-- last wrote (its heartbeat) and its publish rate over that row's interval.
+SELECT DISTINCT ON (relay) relay, host, pid, mode, at,
+       published / greatest(seconds, 1e-9) AS rate, lag_p99_ms
+FROM outbox_notify_sample_v1
+WHERE at > now() - make_interval(secs => %(window)s)
+ORDER BY relay, at DESC;
+
+-- name: dashboard_next_held
+-- The next %(limit)s held rows (never tried, ETA ahead), the soonest first, through the
+-- scheduled index from now on.
+SELECT id, task_name, retry_after
+FROM outbox_notify_message_v1
+WHERE retry_after > now() AND retries = 0 AND last_error IS NULL
+ORDER BY retry_after, id
+LIMIT %(limit)s;

@@ -417,3 +417,36 @@ WHERE locktype = 'advisory' AND classid = 1869968482 AND objid = 1 AND objsubid 
   -- Advisory locks belong to one database: a relay of another database on the same cluster
   -- is not a peer.
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database());
+
+-- name: record_sample
+-- One row of outbox_notify_sample_v1 (the admin's Outbox dashboard): what this relay did
+-- since its previous row and the gauges it just read, with the rows of held and retrying
+-- messages and of dead letters counted here, each count stopping after %(limit)s rows (held
+-- rows through the scheduled index from now on, failed ones through the failed index). The
+-- same statement deletes the samples older than %(keep_seconds)s, so the table stays small
+-- without a purge job; at one row per relay per interval, that delete is a few rows each time.
+WITH old AS (
+    DELETE FROM outbox_notify_sample_v1
+    WHERE at < now() - make_interval(secs => %(keep_seconds)s)
+)
+INSERT INTO outbox_notify_sample_v1 (
+    relay, host, pid, mode, seconds, published, retried, dead_lettered, deferred,
+    lag_p50_ms, lag_p99_ms, depth, held, retrying, dead_letters, dead_by_task
+)
+SELECT
+    %(relay)s, %(host)s, %(pid)s, %(mode)s, %(seconds)s, %(published)s, %(retried)s,
+    %(dead_lettered)s, %(deferred)s, %(lag_p50_ms)s, %(lag_p99_ms)s, %(depth)s,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_notify_message_v1
+        -- held (sql/held.sql): never tried, its ETA still ahead
+        WHERE retry_after > now() AND retries = 0 AND last_error IS NULL
+        LIMIT %(limit)s) AS capped),
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_notify_message_v1
+        -- retrying (sql/ops.sql): failed, its next try not due yet
+        WHERE (retries > 0 OR last_error IS NOT NULL) AND retry_after > now()
+        LIMIT %(limit)s) AS capped),
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped),
+    %(dead_by_task)s
+ON CONFLICT (relay, at) DO NOTHING;

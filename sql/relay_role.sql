@@ -58,6 +58,9 @@ GRANT UPDATE (retries, retry_after, last_error) ON outbox_notify_message_v1 TO o
 -- The relay moves rows beyond saving to the dead letters; it never reads them back.
 GRANT INSERT ON outbox_notify_dead_letter_v1 TO outbox_notify_relay;
 GRANT SELECT, INSERT, UPDATE ON outbox_notify_frontier_v1 TO outbox_notify_relay;
+-- One sample row per interval, and the retention's DELETE of old ones (its WHERE reads
+-- a column: SELECT).
+GRANT SELECT, INSERT, DELETE ON outbox_notify_sample_v1 TO outbox_notify_relay;
 
 -- The writer: the one INSERT of the write side (insert_message), in the caller's transaction.
 GRANT INSERT ON outbox_notify_message_v1 TO outbox_notify_writer;

@@ -4,6 +4,7 @@
 -- Apply with: psql -v ON_ERROR_STOP=1 -f sql/uninstall.sql
 -- (from a pip install, write it out first: python -m outbox_notify.sql uninstall.sql > uninstall.sql)
 
+DROP TABLE IF EXISTS outbox_notify_sample_v1;
 DROP TABLE IF EXISTS outbox_notify_inbox_v1;
 DROP TABLE IF EXISTS outbox_notify_frontier_v1;
 DROP TRIGGER IF EXISTS outbox_notify_restamp_v1 ON outbox_notify_message_v1;

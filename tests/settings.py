@@ -63,6 +63,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # The admin's CSS in the dashboard's browser test (its screenshot is in docs/operations.md).
+    "django.contrib.staticfiles",
     "outbox_notify",
     "tests.testapp",
 ]
@@ -95,3 +97,7 @@ OUTBOX_NOTIFY_STATSD_HOST = os.environ.get("OUTBOX_TEST_STATSD_HOST") or None
 OUTBOX_NOTIFY_STATSD_PORT = int(os.environ.get("OUTBOX_TEST_STATSD_PORT") or 8125)
 # The CloudEvents `source` of the events the tests publish (outbox_notify.events.publish).
 OUTBOX_NOTIFY_EVENT_SOURCE = "/tests/outbox-notify"
+
+# The admin dashboard's browser test (tests/integration/test_dashboard_browser.py) runs a live
+# server, whose static files handler needs a URL prefix even with no static files app.
+STATIC_URL = "/static/"

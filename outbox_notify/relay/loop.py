@@ -48,6 +48,7 @@ from outbox_notify.relay.reporting import (
     Reporter,
     Reporters,
 )
+from outbox_notify.relay.samples import SampleRecorder, SampleSink
 from outbox_notify.relay.store import (
     Peek,
     QueueGauges,
@@ -92,6 +93,7 @@ class Relay:
         metrics: Metrics | None = None,
         reporters: Sequence[Reporter] = (),
         spare_store: Store | None = None,
+        samples: SampleSink | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -102,6 +104,11 @@ class Relay:
         self.publisher = publisher
         self.clock = clock or SystemClock()
         self.metrics = metrics or NullMetrics()
+        # The admin dashboard's rows (relay/samples.py), written when the gauges are read.
+        self.sampler = None
+        if samples is not None:
+            self.sampler = SampleRecorder(samples, now=self.clock.monotonic())
+            reporters = [*reporters, self.sampler]
         self.reporters = Reporters(
             [LogReporter(per_batch=config.log_batches), MetricsReporter(self.metrics), *reporters]
         )
@@ -254,6 +261,16 @@ class Relay:
             holder = gauges.holder
             self.metrics.vacuum(gauges.dead_rows, (holder.seconds or 0.0) if holder else 0.0)
         self.warn_if_vacuum_held_back(gauges)
+        self.record_sample(gauges, now)
+
+    def record_sample(self, gauges: QueueGauges, now: float) -> None:
+        """Write the dashboard's row for this relay when its interval has passed."""
+        if self.sampler is None or not self.sampler.due(now):
+            return
+        try:
+            self.sampler.write(now, depth=gauges.depth, polling=self.polling)
+        except GaugeUnavailable as exc:
+            log.warning("outbox.sample_failed", error=str(exc))
 
     def warn_if_vacuum_held_back(self, gauges: QueueGauges) -> None:
         """outbox.vacuum_held_back when the dead rows pass DEAD_ROWS_WARNING (rate-limited)."""

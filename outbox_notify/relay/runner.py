@@ -78,12 +78,12 @@ def build_relay(
         spare = tracing.store(
             ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
         )
+    store = ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
     return Relay(
         config,
-        store=tracing.store(
-            ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
-        ),
+        store=tracing.store(store),
         spare_store=spare,
+        samples=store,
         listener=listener,
         publisher=tracing.publisher(
             ChordPublisher(SentEventPublisher(broker, app, send_timeout=config.send_timeout), app)

@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import psycopg
@@ -37,6 +37,8 @@ CONNECT_TIMEOUT = 10  # seconds
 # start of every index, which a long snapshot may have filled with published rows.
 FRONTIER_SAVE_INTERVAL = 5.0
 GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estimates
+# Seconds a dashboard sample is kept (relay/samples.py): record_sample deletes older ones.
+SAMPLES_KEPT_FOR = 86_400.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +116,25 @@ class QueueGauges:
     oldest_seconds: float
     dead_rows: int = 0
     holder: SnapshotHolder | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Sample:
+    """One relay's row of outbox_notify_sample_v1 (see sql/migrations/0006_samples.sql)."""
+
+    relay: str
+    host: str
+    pid: int
+    mode: str  # "listen" or "poll"
+    seconds: float  # the interval this row covers
+    published: int
+    retried: int
+    dead_lettered: int
+    deferred: int
+    lag_p50_ms: float | None
+    lag_p99_ms: float | None
+    depth: int
+    dead_by_task: Mapping[str, int]
 
 
 class ClaimWouldWait(Exception):
@@ -338,6 +359,23 @@ class ClaimStore:
                 raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
         return gauges_from(row)
 
+    def record_sample(self, sample: Sample) -> None:
+        """Write one dashboard sample (record_sample) and commit, in a transaction of its own.
+
+        Like the gauges, a failure that leaves the connection usable (a missing table or
+        privilege) raises GaugeUnavailable: a sample never costs the relay its connections.
+        """
+        conn = self._connection()
+        with translated("recording a sample"):
+            try:
+                conn.execute(self.queries["record_sample"], sample_params(sample))
+                conn.commit()
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise  # translated into DatabaseUnavailable
+                self.rollback()
+                raise GaugeUnavailable(f"recording a sample: {exc}") from exc
+
 
 class Claim:
     """The rows of one open claim, and the way to end it."""
@@ -412,6 +450,13 @@ def gauges_from(row: Sequence[Any] | None) -> QueueGauges:
     return QueueGauges(
         depth=depth, oldest_seconds=float(oldest or 0.0), dead_rows=int(dead or 0), holder=holder
     )
+
+
+def sample_params(sample: Sample) -> dict[str, Any]:
+    """Parameters of the record_sample query."""
+    params = dataclasses.asdict(sample)
+    params["dead_by_task"] = Json(dict(sample.dead_by_task))
+    return {**params, "limit": GAUGE_EXACT_LIMIT, "keep_seconds": SAMPLES_KEPT_FOR}
 
 
 def finalize_params(outcome: Outcome) -> dict[str, Any]:

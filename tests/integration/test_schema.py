@@ -211,6 +211,7 @@ def test_migrate_builds_exactly_the_schema_of_install_sql(
         "outbox_notify_dead_letter_v1",
         "outbox_notify_inbox_v1",
         "outbox_notify_frontier_v1",
+        "outbox_notify_sample_v1",
     }
     assert _names(expected["triggers"], 1) == {"outbox_notify_wake_v1", "outbox_notify_restamp_v1"}
     assert "outbox_notify_relay" in str(expected["relations"])

@@ -49,6 +49,10 @@ RELEASED = {
     "sql/migrations/0005_frontier.sql": "9fe137f57703818c945007beb08ec67728b162342d7439f07113d2325c624818",
     "sql/migrations/0005_frontier.reverse.sql": "b0c4c721ed1f77b11eaad59591b42344e399d454ad6b95176f9d36d6eb6827f1",
     "outbox_notify/migrations/0005_frontier.py": "4400146723aed96ffad6d3cb4fc5ff3a2609405a7f23267473b5600e282cd614",
+    # The relays' samples for the admin's Outbox dashboard (unreleased: may still change).
+    "sql/migrations/0006_samples.sql": "abd6ecead3c9387e1e181a050b165217add15ae615fcc93682050bf91788ea30",
+    "sql/migrations/0006_samples.reverse.sql": "40482c4f181da810f5041f23d78044593009ae7a8737319c32363054b0663993",
+    "outbox_notify/migrations/0006_samples.py": "9fb0d71faa2cf7a7b1551e01ba0c9455a38f0d8e6b571c76cc221ac8c6a3de53",
 }
 
 EDITED = (
