@@ -14,6 +14,8 @@ RabbitMQ is a private node (devtools.rabbitserver; OUTBOX_BENCH_AMQP_URL to use 
 queue names unique to the run, deleted at the end). Each library gets its own databases and
 queues; the scenarios alternate the libraries, and those that touch a broker run once per
 broker (latency, drain, crash, ceiling, profile; writers for its relay-running rows).
+snapshot (an old snapshot held 10 minutes under 2,000 msg/s) and soak (30 minutes at a steady
+rate) run on Redis only, long in full mode (about 45 and 60 minutes), seconds with --quick.
 Then the benchmarks that are programs of their own (bench/standalone.py: once, held,
 long_writer; in --quick only those with a quick mode), each as a subprocess on the run's Redis.
 """
@@ -41,7 +43,10 @@ DOCS = venv.ROOT / "docs" / "benchmarks.md"
 IMAGES = venv.ROOT / "docs" / "img"
 # The scenarios of the shared world, then the benchmarks that are programs of their own
 # (bench.standalone.REGISTRY: once, held, long_writer, ...), run after them in that order.
-WORLD_SCENARIOS = ("crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling")
+WORLD_SCENARIOS = (
+    "crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling",
+    "snapshot", "soak",
+)  # fmt: skip
 SCENARIOS = WORLD_SCENARIOS + standalone.KEYS
 # Scenarios whose figures depend on the broker: run once per broker, reported as NAME.BROKER.
 PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
@@ -220,9 +225,11 @@ def guarded(name: str, body: Callable[[], Any]) -> dict[str, Any]:
 
 def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]:
     """Each chosen scenario in a fixed order; the peer's crash waits overlap the others."""
-    from bench import drain, idle, latency, micro
+    from bench import drain, idle, latency, micro, snapshot, soak
 
     runners: dict[str, Callable[[Any], Any]] = {
+        "snapshot": lambda world: snapshot.run(_on_redis(world)),
+        "soak": lambda world: soak.run(_on_redis(world)),
         "latency": latency.run,
         "drain": drain.run,
         "writers": _writers,
@@ -252,6 +259,12 @@ def run_scenarios(world: Any, names: list[str], profile: bool) -> dict[str, Any]
     for broker in world.brokers:
         _crash_join(world.on(broker), waiting.get(broker.key, []), results)
     return results
+
+
+def _on_redis(world: Any) -> Any:
+    """The world publishing to Redis when the run has it (the issue measured on Redis)."""
+    chosen = [b for b in world.brokers if b.key == brokers.REDIS]
+    return world.on(chosen[0]) if chosen else world
 
 
 def _delay(world: Any) -> Any:
