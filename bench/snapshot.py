@@ -128,6 +128,10 @@ def _within(value: float | None, limit: float) -> bool:
     return value is not None and value <= limit
 
 
+def _cpu(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _mb(value: float | None) -> str:
     return "-" if value is None else f"{value / 1e6:.1f}"
 
@@ -164,14 +168,15 @@ def verdict_line(run: dict[str, Any]) -> str:
 
 def markdown_phases(run: dict[str, Any]) -> str:
     rows = ["| phase | s | messages | not delivered | p50 ms | p99 ms | writer lag p99 ms "
-            "| relay CPU ms/msg | size at end MB | max size MB | dead rows at end |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "| relay CPU ms/msg | PostgreSQL CPU ms/msg | size at end MB | max size MB "
+            "| dead rows at end |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, p in run["phases"].items():
-        cpu = "-" if p["cpu_ms_per_msg"] is None else f"{p['cpu_ms_per_msg']:.3f}"
+        cpu = _cpu(p["cpu_ms_per_msg"])
+        server = _cpu(p.get("server_cpu_ms_per_msg"))
         rows.append(
             f"| {name} | {p['seconds']:.0f} | {p['messages']:,} | {p['missing']:,} "
             f"| {_ms(p['p50_ms'])} | {_ms(p['p99_ms'])} | {_ms(p['producer_lag_p99_ms'])} "
-            f"| {cpu} | {_mb(p['end_total_bytes'])} | {_mb(p['max_total_bytes'])} "
+            f"| {cpu} | {server} | {_mb(p['end_total_bytes'])} | {_mb(p['max_total_bytes'])} "
             f"| {p['end_dead_rows']:,} |"
         )
     return "\n".join(rows)

@@ -3,8 +3,8 @@
 One producer commits `rate` rows per second (`per_tx` per transaction) for the length of every
 phase together; a consumer stamps each message's arrival in the broker; the side's relays
 publish. Every `window` seconds the sampler reads the outbox table's size (heap + indexes
-+ TOAST), its live and dead rows (pg_stat_user_tables), and the relays' CPU seconds and RSS
-(/proc/PID/stat, /proc/PID/status). A phase may hold a REPEATABLE READ snapshot open on
++ TOAST), its live and dead rows (pg_stat_user_tables), the relays' CPU seconds and RSS
+(/proc/PID/stat, /proc/PID/status), and the CPU of a private PostgreSQL's whole process tree. A phase may hold a REPEATABLE READ snapshot open on
 another connection of the same database (a query on the outbox table makes it real) from its
 start to its end. After the last phase the relays get `catch_up` seconds to publish what is
 left; what they have not published by then counts as not delivered (an infinite latency).
@@ -27,7 +27,7 @@ import psycopg
 from psycopg import sql
 
 from bench import db
-from bench.procs import BenchError, Proc, wait_until
+from bench.procs import BenchError, Proc, tree_cpu_seconds, wait_until
 from bench.services import connect
 from bench.sides import Side, World, one_row_sql
 
@@ -103,6 +103,7 @@ class Sampler:
         self.conn = connect(world.dsn(side))
         self.table = side.table
         self.relays = relays
+        self.server = world.pg.postmaster_pid()  # None for a server the benchmark did not start
         self.samples: list[dict[str, Any]] = []
 
     def take(self, phase: str) -> dict[str, Any]:
@@ -113,6 +114,9 @@ class Sampler:
             "relay_cpu_s": round(sum(r.cpu() for r in self.relays), 3),
             "relay_rss_bytes": sum(relay_rss(r.pid) for r in self.relays),
             "relays_alive": sum(1 for r in self.relays if r.alive()),
+            "server_cpu_s": None
+            if self.server is None
+            else round(tree_cpu_seconds(self.server), 3),
         }
         self.samples.append(sample)
         return sample
@@ -292,8 +296,9 @@ def phases(raw: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any]]:
         begin, end = marks[name], bounds[name]
         ordered = sorted(by_phase[name])
         published = _count_between(arrived, begin, end)
-        cpu = _sample_at(raw, end)["relay_cpu_s"] - _sample_at(raw, begin)["relay_cpu_s"]
-        at_end = _sample_at(raw, end)
+        at_begin, at_end = _sample_at(raw, begin), _sample_at(raw, end)
+        cpu = at_end["relay_cpu_s"] - at_begin["relay_cpu_s"]
+        server = _delta(at_begin.get("server_cpu_s"), at_end.get("server_cpu_s"))
         result[name] = {
             "seconds": round((end - begin) / 1e9, 1),
             "messages": len(ordered),
@@ -304,6 +309,9 @@ def phases(raw: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any]]:
             "producer_lag_p99_ms": percentile(sorted(lags[name]), 99),
             "relay_cpu_s": round(cpu, 2),
             "cpu_ms_per_msg": round(cpu * 1000 / published, 4) if published else None,
+            "server_cpu_ms_per_msg": (
+                round(server * 1000 / published, 4) if published and server is not None else None
+            ),
             "end_total_bytes": at_end["total_bytes"],
             "end_dead_rows": at_end["dead_rows"],
             "max_total_bytes": max(
@@ -316,6 +324,10 @@ def phases(raw: dict[str, Any], plan: Plan) -> dict[str, dict[str, Any]]:
 
 def _count_between(ordered: list[int], begin: int, end: int) -> int:
     return bisect.bisect_left(ordered, end) - bisect.bisect_left(ordered, begin)
+
+
+def _delta(begin: float | None, end: float | None) -> float | None:
+    return None if begin is None or end is None else end - begin
 
 
 def _sample_at(raw: dict[str, Any], t_ns: int) -> dict[str, Any]:
