@@ -38,7 +38,7 @@ unit: $(STAMP)  ## only the tests that need no services
 demo: $(STAMP)  ## end-to-end demo: migrate, relay + Celery worker, orders committed and rolled back
 	$(BIN)/python -m example.demo $(DEMO_ARGS)
 
-bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox on Redis and RabbitMQ; then once, held, long_writer; writes docs/benchmarks.md (15-25 min)
+bench: $(STAMP)  ## side-by-side benchmarks with django-celery-outbox on Redis and RabbitMQ; then once, held, long_writer, the old-snapshot and soak runs; writes docs/benchmarks.md (about 2 h 15 min; --scenarios to choose)
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode, both brokers, with once and held (3-5 min)

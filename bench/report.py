@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import enqueue, headline, standalone, tables, texts, versus
+from bench import enqueue, headline, snapshot, soak, standalone, tables, texts, versus
 
 Render = Callable[[dict[str, Any], dict[str, str]], str]
 SECTIONS: tuple[tuple[str, str, Render], ...] = (
@@ -25,11 +25,14 @@ SECTIONS: tuple[tuple[str, str, Render], ...] = (
     ("ceiling", "Ceiling: publishing to the broker without a database", tables.ceiling),
     ("profile", "Where our relay's time goes (py-spy, drain of one relay)", tables.profile),
     ("versus", "Against a previous commit: Redis drain and latency, alternating", versus.markdown),
+    ("snapshot", "An old snapshot held open under sustained load", snapshot.markdown),
+    ("soak", "Soak: a steady rate for 30 minutes", soak.markdown),
     *((bench.key, bench.title, standalone.renderer(bench)) for bench in standalone.REGISTRY),
 )
 PER_BROKER = ("crash", "latency", "drain", "ceiling", "profile")
 LATENCY_IMAGE = {"redis": "latency_cdf.png"}  # other brokers: latency_cdf_<broker>.png
 THROUGHPUT_IMAGE = "throughput.png"
+SUSTAINED_IMAGES = {"snapshot": ("snapshot.png", snapshot.plot), "soak": ("soak.png", soak.plot)}
 
 
 def upgrade(report: dict[str, Any]) -> dict[str, Any]:
@@ -120,4 +123,8 @@ def plots(report: dict[str, Any], images: Path) -> dict[str, list[str]]:
             made.setdefault("latency", []).append(name)
     if drawing.throughput(report, images / THROUGHPUT_IMAGE):
         made["drain"] = [THROUGHPUT_IMAGE]
+    for key, (name, draw) in SUSTAINED_IMAGES.items():
+        result = _ok(report, key)
+        if result is not None and draw(result, images / name):
+            made[key] = [name]
     return made

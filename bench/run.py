@@ -17,6 +17,8 @@ queues; the scenarios alternate the libraries, and those that touch a broker run
 broker (latency, drain, crash, ceiling, profile; writers for its relay-running rows).
 The versus scenario runs this checkout's relay against a previous commit's (--versus REV,
 default bench.versus.DEFAULT_REV; its venv built once under .venv-versus/), alternating, on Redis.
+snapshot (an old snapshot held 10 minutes under 2,000 msg/s) and soak (30 minutes at a steady
+rate) run on Redis only, long in full mode (about 45 and 60 minutes), seconds with --quick.
 Then the benchmarks that are programs of their own (bench/standalone.py: once, held,
 long_writer; in --quick only those with a quick mode), each as a subprocess on the run's Redis.
 """
@@ -46,6 +48,7 @@ IMAGES = venv.ROOT / "docs" / "img"
 # (bench.standalone.REGISTRY: once, held, long_writer, ...), run after them in that order.
 WORLD_SCENARIOS = (
     "crash", "latency", "drain", "writers", "idle", "enqueue", "delay", "ceiling", "versus",
+    "snapshot", "soak",
 )  # fmt: skip
 SCENARIOS = WORLD_SCENARIOS + standalone.KEYS
 # Scenarios whose figures depend on the broker: run once per broker, reported as NAME.BROKER.
@@ -233,9 +236,11 @@ def run_scenarios(
     world: Any, names: list[str], profile: bool, versus_rev: str | None = None
 ) -> dict[str, Any]:
     """Each chosen scenario in a fixed order; the peer's crash waits overlap the others."""
-    from bench import drain, idle, latency, micro, versus
+    from bench import drain, idle, latency, micro, snapshot, soak, versus
 
     runners: dict[str, Callable[[Any], Any]] = {
+        "snapshot": lambda world: snapshot.run(_on_redis(world)),
+        "soak": lambda world: soak.run(_on_redis(world)),
         "latency": latency.run,
         "drain": drain.run,
         "writers": _writers,
@@ -266,6 +271,12 @@ def run_scenarios(
     for broker in world.brokers:
         _crash_join(world.on(broker), waiting.get(broker.key, []), results)
     return results
+
+
+def _on_redis(world: Any) -> Any:
+    """The world publishing to Redis when the run has it (the issue measured on Redis)."""
+    chosen = [b for b in world.brokers if b.key == brokers.REDIS]
+    return world.on(chosen[0]) if chosen else world
 
 
 def _delay(world: Any) -> Any:

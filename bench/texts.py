@@ -88,6 +88,20 @@ NOTES = {
         "commit or release tag), or `python -m bench.run --no-peer --brokers redis "
         "--scenarios versus --versus REV`; `make bench` runs it against the default commit.\n"
     ),
+    "snapshot": (
+        "\nThe verdicts are the acceptance of issue 23 for ours: p50 and p99 of the held phase "
+        "within 2x of the same run's clean phase, relay CPU per message within 1.2x, and the "
+        "table with its indexes back within 1.2x of its clean-phase size by the end of the "
+        "recovery phase, without VACUUM FULL (autovacuum only; writer lag p99 shows whether "
+        "writers waited). The figures share two cores with PostgreSQL, Redis, the producer, the "
+        "consumer and whatever else runs on the machine (its load average is in the Machine "
+        "section): compare phases within one run, not runs across machines.\n"
+    ),
+    "soak": (
+        "\nA rising RSS line would be a leak in the relay; a table that keeps growing would be "
+        "dead rows that autovacuum does not keep up with. Both share the machine with the rest "
+        "of the benchmark, as above.\n"
+    ),
     "latency": (
         "\nA producer commits one row per transaction at a fixed rate (8 connections, so the rate "
         "does not hang on one connection's fsync) and stamps each commit's return; a separate "

@@ -1,7 +1,7 @@
 """Processes the benchmark runs beside the relays: `python -m bench.workers COMMAND ...`.
 
     template  --side S                     one real row from the library's write side (JSON)
-    produce   --dsn D --sql F --rate R ... commit one row per transaction at a fixed rate
+    produce   --dsn D --sql F --rate R ... commit rows at a fixed rate (--per-tx K per transaction)
     consume   --url U --queue Q --out F    take each message off the broker, stamp its arrival
     enqueue   --side S --per-tx K ...      task.delay() inside atomic(): rows per second
     ceiling   --count N --template F       plain Celery send_task, and our publish path alone
@@ -98,25 +98,31 @@ class Schedule:
         return None if index >= self.total else self.start + index / self.rate
 
 
-def _produce_thread(dsn: str, query: str, schedule: Schedule, out: list[list[Any]]) -> None:
+def _produce_thread(
+    dsn: str, query: str, schedule: Schedule, per_tx: int, out: list[list[Any]]
+) -> None:
     with psycopg.connect(dsn, autocommit=False) as conn:
         while (due := schedule.next_due()) is not None:
             delay = due - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            task_id = str(uuid.uuid4())
-            conn.execute(query, {"task_id": task_id})
+            task_ids = [str(uuid.uuid4()) for _ in range(per_tx)]
+            for task_id in task_ids:
+                conn.execute(query, {"task_id": task_id})
             conn.commit()
-            out.append([task_id, int(due * 1e9), time.monotonic_ns()])
+            committed = time.monotonic_ns()
+            out.extend([task_id, int(due * 1e9), committed] for task_id in task_ids)
 
 
 def produce(args: argparse.Namespace) -> None:
-    """Commit one row per transaction at --rate for --seconds from --threads connections."""
+    """Commit --rate rows per second (--per-tx per transaction) for --seconds, --threads connections."""
     query = Path(args.sql).read_text()
-    schedule = Schedule(args.rate, args.seconds)
+    schedule = Schedule(args.rate / args.per_tx, args.seconds)
     records: list[list[Any]] = []
     threads = [
-        threading.Thread(target=_produce_thread, args=(args.dsn, query, schedule, records))
+        threading.Thread(
+            target=_produce_thread, args=(args.dsn, query, schedule, args.per_tx, records)
+        )
         for _ in range(args.threads)
     ]
     for thread in threads:
@@ -136,8 +142,14 @@ def _task_id(raw: bytes) -> str:
     return str(json.loads(raw)["headers"]["id"])
 
 
-def _pop_redis(url: str, queue: str, stop: threading.Event) -> list[tuple[int, Any]]:
-    """BRPOP the list (then RPOP what else is there) until `stop`; (arrival, body) pairs."""
+def _pop_redis(
+    url: str, queue: str, stop: threading.Event, keep: Callable[[bytes], Any] = bytes
+) -> list[tuple[int, Any]]:
+    """BRPOP the list (then RPOP what else is there) until `stop`; (arrival, keep(body)) pairs.
+
+    keep=bytes defers parsing until the end (the hot loop stays cheap); a long run keeps
+    only the task ids (_task_id), or every body would stay in memory.
+    """
     client = redis.Redis.from_url(url)
     seen: list[tuple[int, Any]] = []
     print("consumer.ready", flush=True)
@@ -146,10 +158,10 @@ def _pop_redis(url: str, queue: str, stop: threading.Event) -> list[tuple[int, A
         if popped is None:
             continue
         now = time.monotonic_ns()
-        seen.append((now, popped[1]))
+        seen.append((now, keep(popped[1])))
         more = client.rpop(queue, POP_BATCH) or []
         now = time.monotonic_ns()
-        seen.extend((now, raw) for raw in more)
+        seen.extend((now, keep(raw)) for raw in more)
     return seen
 
 
@@ -186,6 +198,8 @@ def consume(args: argparse.Namespace) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     if args.url.startswith(("amqp://", "pyamqp://")):
         seen = _consume_amqp(args.url, args.queue, stop)
+    elif args.ids_only:
+        seen = _pop_redis(args.url, args.queue, stop, _task_id)
     else:
         seen = [(stamp, _task_id(raw)) for stamp, raw in _pop_redis(args.url, args.queue, stop)]
     arrivals: dict[str, int] = {}
@@ -377,9 +391,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     sub.add_argument("--rate", type=float, required=True)
     sub.add_argument("--seconds", type=float, required=True)
     sub.add_argument("--threads", type=int, default=8)
+    sub.add_argument("--per-tx", type=int, default=1, help="rows per transaction")
     sub = commands.add_parser("consume")
     for flag in ("--url", "--queue", "--out"):
         sub.add_argument(flag, required=True)
+    sub.add_argument("--ids-only", action="store_true", help="Redis: parse each body at once")
     sub = commands.add_parser("enqueue")
     sub.add_argument("--side", choices=("ours", "peer"), required=True)
     sub.add_argument("--per-tx", required=True, help="comma-separated batch sizes")

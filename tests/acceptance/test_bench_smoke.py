@@ -84,7 +84,8 @@ def test_quick_run_completes_every_scenario(tmp_path: Path) -> None:
     assert not failed, "\n\n".join(f"{name}:\n{error}" for name, error in failed.items())
     per_broker = {f"{name}.{broker}" for name in PER_BROKER for broker in ("redis", "rabbitmq")}
     quick_standalone = {b.key for b in standalone.REGISTRY if b.quick is not None}
-    assert set(report["scenarios"]) >= {"writers", "idle", "enqueue", "versus", *per_broker}
+    on_redis = {"snapshot", "soak", "versus"}  # the old snapshot and the soak in seconds; versus
+    assert set(report["scenarios"]) >= {"writers", "idle", "enqueue", *on_redis, *per_broker}
     assert set(report["scenarios"]) >= quick_standalone  # once, held: bench/standalone.py
     assert done.returncode == 0, done.stderr
     _assert_broker_named_everywhere(report, tmp_path)
