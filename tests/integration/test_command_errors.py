@@ -30,6 +30,7 @@ COMMANDS = {
     "outbox_purge_inbox": (),
     "outbox_list": (),
     "outbox_consume": ("tests.event_consumers.consumer",),
+    "outbox_reindex": (),
 }
 NON_FINITE = ["nan", "inf", "-inf", "NaN", "Infinity"]
 COMMAND_TIMEOUT = 60  # seconds; each of these commands gives up at once
@@ -75,8 +76,11 @@ def test_the_numeric_flags_are_found() -> None:
     assert ("outbox_consume", "--outage-cooldown") in flags
     assert ("outbox_list", "--older-than") in flags
     assert ("outbox_list", "--limit") in flags
-    # listen 10, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, list 2, consume 1
-    assert len(flags) == 27
+    assert ("outbox_listen", "--metrics-port") in flags
+    assert ("outbox_reindex", "--lock-wait") in flags
+    # listen 11, sweep 6, stats 2, purge 2, requeue 2, purge inbox 2, list 2, consume 1,
+    # reindex 3
+    assert len(flags) == 31
 
 
 @pytest.mark.parametrize("value", NON_FINITE)

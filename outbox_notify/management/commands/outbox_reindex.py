@@ -87,7 +87,11 @@ class Command(OutboxCommand):
             cur.execute(stats.queries()["outbox_indexes"])
             indexes = [Index(**dict(zip(INDEX_FIELDS, row, strict=True))) for row in cur.fetchall()]
             if not all(index.owned for index in indexes):
-                raise CommandError(f"outbox_reindex needs {NEEDS}")
+                alias = conf.database_alias()
+                raise CommandError(
+                    f"the role in DATABASES[{alias!r}] lacks {NEEDS}; REINDEX needs it "
+                    "(docs/security.md)"
+                )
             if options["dry_run"]:
                 self._plan(indexes, options["min_size"])
                 return
