@@ -9,17 +9,21 @@
 -- for claim_batch, _claimable and peek): a row the frontier rechecks by id, ready or due now,
 -- of a schema version this relay reads.
 m.id = ANY(%(recheck)s::bigint[])
+      -- On no Vars: a one-time filter, so with no rows to recheck the index is not opened.
+      AND cardinality(%(recheck)s::bigint[]) > 0
       AND (m.retry_after IS NULL OR m.retry_after <= statement_timestamp())
       AND m.schema_version <= %(max_version)s
 
 -- name: _late_ready_rows
 -- A condition on `m`: a ready row of a transaction in progress at an earlier claim.
-m.txid = ANY(%(late)s::xid8[]) AND m.retry_after IS NULL
+m.txid = ANY(%(late)s::xid8[]) AND cardinality(%(late)s::xid8[]) > 0
+      AND m.retry_after IS NULL
       AND m.schema_version <= %(max_version)s
 
 -- name: _late_due_rows
 -- A condition on `m`: a due row of a transaction in progress at an earlier claim.
-m.txid = ANY(%(late)s::xid8[]) AND m.retry_after <= statement_timestamp()
+m.txid = ANY(%(late)s::xid8[]) AND cardinality(%(late)s::xid8[]) > 0
+      AND m.retry_after <= statement_timestamp()
       AND m.schema_version <= %(max_version)s
 
 -- name: _due_rows

@@ -42,24 +42,8 @@ FROM STDIN;
 -- Due means retry_after <= statement_timestamp(): the statement's own time, which only grows
 -- from one claim to the next, even across the relay's two claim connections.
 WITH
-rechecked AS (
-    SELECT m.*, 0 AS part FROM outbox_notify_message_v1 AS m
-    WHERE
-    -- include: _recheck_rows
-    FOR UPDATE SKIP LOCKED
-),
-late_ready AS (
-    SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
-    WHERE
-    -- include: _late_ready_rows
-    FOR UPDATE SKIP LOCKED
-),
-late_due AS (
-    SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
-    WHERE
-    -- include: _late_due_rows
-    FOR UPDATE SKIP LOCKED
-),
+-- Only `due` is a CTE (`fresh` reads it too): the other parts are subqueries of `picked`, so
+-- their rows are copied once, into `picked`, not first into a CTE of their own.
 due AS (
     SELECT m.*, 2 AS part FROM outbox_notify_message_v1 AS m
     WHERE
@@ -75,53 +59,72 @@ walked AS MATERIALIZED (
     ORDER BY w.txid, w.id
     LIMIT %(walk)s
 ),
-fresh AS (
-    SELECT m.*, 3 AS part FROM outbox_notify_message_v1 AS m
-    WHERE m.id IN (SELECT id FROM walked
-                   WHERE retry_after <= statement_timestamp()
-                     AND schema_version <= %(max_version)s)
-      AND m.retry_after <= statement_timestamp()
-      AND m.id NOT IN (SELECT id FROM due)
-    FOR UPDATE SKIP LOCKED
-),
-ready AS (
-    SELECT m.*, 4 AS part FROM outbox_notify_message_v1 AS m
-    WHERE
-    -- include: _ready_rows
-    ORDER BY m.txid, m.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
 picked AS MATERIALIZED (
-    SELECT * FROM rechecked
-    UNION ALL SELECT * FROM late_ready
-    UNION ALL SELECT * FROM late_due
-    UNION ALL SELECT * FROM due
-    UNION ALL SELECT * FROM fresh
-    UNION ALL SELECT * FROM ready
+    SELECT * FROM (
+        SELECT m.*, 0 AS part FROM outbox_notify_message_v1 AS m
+        WHERE
+        -- include: _recheck_rows
+        FOR UPDATE SKIP LOCKED) AS rechecked
+    UNION ALL
+    SELECT * FROM (
+        SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
+        WHERE
+        -- include: _late_ready_rows
+        FOR UPDATE SKIP LOCKED) AS late_ready
+    UNION ALL
+    SELECT * FROM (
+        SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
+        WHERE
+        -- include: _late_due_rows
+        FOR UPDATE SKIP LOCKED) AS late_due
+    UNION ALL
+    SELECT * FROM due
+    UNION ALL
+    SELECT * FROM (
+        SELECT m.*, 3 AS part FROM outbox_notify_message_v1 AS m
+        WHERE m.id IN (SELECT id FROM walked
+                       WHERE retry_after <= statement_timestamp()
+                         AND schema_version <= %(max_version)s)
+          AND m.retry_after <= statement_timestamp()
+          AND m.id NOT IN (SELECT id FROM due)
+        FOR UPDATE SKIP LOCKED) AS fresh
+    UNION ALL
+    SELECT * FROM (
+        SELECT m.*, 4 AS part FROM outbox_notify_message_v1 AS m
+        WHERE
+        -- include: _ready_rows
+        ORDER BY m.txid, m.id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED) AS ready
     LIMIT %(limit)s
 ),
 -- How far the due and ready parts read: to their last row taken (the claim filled up), or
 -- to their end (it did not). Aggregates, not ORDER BY ... LIMIT 1: the claim runs with sorts
--- disabled.
+-- disabled. Two passes over `picked`: the last time and txid, then the last id at each.
 ends AS MATERIALIZED (
-    SELECT (SELECT count(*) FROM picked) AS n,
-           (SELECT max(retry_after) FROM picked WHERE part = 2) AS due_at,
-           (SELECT max(txid) FROM picked WHERE part = 4) AS ready_txid,
+    SELECT count(*) AS n,
+           max(p.part) AS last_part,
+           max(p.retry_after) FILTER (WHERE p.part = 2) AS due_at,
+           max(p.txid) FILTER (WHERE p.part = 4) AS ready_txid,
            (SELECT max(txid) FROM walked) AS walked_txid
+    FROM picked AS p
 ),
 bounds AS MATERIALIZED (
     SELECT e.n < %(limit)s AS exhausted,
+           e.last_part,
            e.due_at,
-           (SELECT max(p.id) FROM picked AS p
-            WHERE p.part = 2 AND p.retry_after = e.due_at) AS due_id,
+           l.due_id,
            e.ready_txid,
-           (SELECT max(p.id) FROM picked AS p
-            WHERE p.part = 4 AND p.txid = e.ready_txid) AS ready_id,
+           l.ready_id,
            e.walked_txid,
            (SELECT max(w.id) FROM walked AS w WHERE w.txid = e.walked_txid) AS walked_id,
            e.n
-    FROM ends AS e
+    FROM ends AS e,
+         LATERAL (SELECT max(p.id) FILTER (WHERE p.part = 2 AND p.retry_after = e.due_at)
+                             AS due_id,
+                         max(p.id) FILTER (WHERE p.part = 4 AND p.txid = e.ready_txid)
+                             AS ready_id
+                  FROM picked AS p) AS l
 ),
 -- Where the *_left lists stop reading: the last row taken, or the end of the index when the
 -- claim was not full. One bound, not `exhausted OR ...`, so it is the index scan's condition:
@@ -137,7 +140,7 @@ upto AS MATERIALIZED (
 snap AS MATERIALIZED (SELECT pg_current_snapshot() AS s)
 SELECT part, id, task_id, task_name, args::text, kwargs::text, options::text, context::text,
        retries, schema_version, since,
-       greatest(extract(epoch FROM now() - since), 0)::float8 AS age,
+       greatest(date_part('epoch', now() - since), 0)::float8 AS age,
        txid::text, retry_after, NULL::json AS meta
 FROM (SELECT p.*,
              CASE WHEN p.retries = 0 AND p.last_error IS NULL AND p.retry_after IS NOT NULL
@@ -150,12 +153,16 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
         'at', statement_timestamp(),
         'xmax', (SELECT pg_snapshot_xmax(s)::text FROM snap),
         'xip', ARRAY(SELECT x::text FROM snap, pg_snapshot_xip(s) AS x),
-        'recheck_left', ARRAY(
+        -- The rows the recheck and late parts passed, only when the part was read to its end
+        -- (the claim did not fill up, or a later part took a row): otherwise the relay
+        -- reads the part again next time and ignores these lists, and a late transaction of
+        -- 50,000 rows made every claim of its rows read all those left.
+        'recheck_left', CASE WHEN (SELECT exhausted OR last_part > 0 FROM bounds) THEN ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _recheck_rows
-              AND m.id NOT IN (SELECT id FROM picked)),
-        'late_left', ARRAY(
+              AND m.id NOT IN (SELECT id FROM picked)) END,
+        'late_left', CASE WHEN (SELECT exhausted OR last_part > 1 FROM bounds) THEN ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _late_ready_rows
@@ -164,7 +171,7 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _late_due_rows
-              AND m.id NOT IN (SELECT id FROM picked)),
+              AND m.id NOT IN (SELECT id FROM picked)) END,
         'due_left', ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
