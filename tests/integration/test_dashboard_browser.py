@@ -27,6 +27,7 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 # the docs' picture is retaken).
 SCREENSHOT = os.environ.get("OUTBOX_DASHBOARD_SCREENSHOT")
 PASSWORD = "dashboard-pw"
+LOAD_TIMEOUT = 60  # seconds: a page load on a loaded 2-core machine
 HELD = (
     "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
     " schema_version, retry_after)"
@@ -106,11 +107,20 @@ def viewer() -> User:
 
 def log_in(browser: Any, base: str, user: User) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
 
     browser.get(f"{base}/admin/login/?next=/admin/")
     browser.find_element(By.NAME, "username").send_keys(user.username)
     browser.find_element(By.NAME, "password").send_keys(PASSWORD)
     browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    # The click returns before the login's POST and redirect have loaded: a get() issued now
+    # can lose the race to that redirect and end on the admin's index instead.
+    WebDriverWait(browser, LOAD_TIMEOUT).until(
+        lambda b: (
+            "/admin/login/" not in b.current_url
+            and b.execute_script("return document.readyState") == "complete"
+        )
+    )
 
 
 def test_the_dashboard_draws_the_relays_samples_and_links_to_the_lists(
