@@ -46,7 +46,7 @@ bench-quick: $(STAMP)  ## the benchmarks in their short smoke mode, both brokers
 
 VERSUS ?= 79badb9
 bench-versus: $(STAMP)  ## this checkout against commit VERSUS (default 79badb9): Redis drain and latency, alternating (about 6 min)
-	$(BIN)/python -m bench.run --no-peer --brokers redis --scenarios versus --versus $(VERSUS) --no-docs $(BENCH_ARGS)
+	$(BIN)/python -m bench.run --no-peer --brokers redis --scenarios versus --versus $(VERSUS) --no-docs --out bench/results/versus.json $(BENCH_ARGS)
 
 chaos: $(STAMP)  ## fault injection under load on Redis and RabbitMQ; every message and effect counted (about 12 min)
 	$(BIN)/python -m chaos.run $(CHAOS_ARGS)

@@ -1,10 +1,13 @@
 """What a claim costs with dead rows in the table, for four ways of claiming (docs/concepts.md).
 
-    python -m bench.claim_designs [--dead 0,100000,1000000] [--quick] [--json PATH]
+    python -m bench.claim_designs [--dead 0,100000,1000000] [--batch 100] [--quick] [--json PATH]
 
 An old snapshot (a REPEATABLE READ transaction left open on another connection) keeps every
-row deleted after it in the table and in its indexes. Four designs claim 100 fresh rows with
-N such dead rows in the table; each claim is timed (median of several, each rolled back):
+row deleted after it in the table and in its indexes. Four designs claim 100 fresh rows
+(--batch) with N such dead rows in the table; each claim is timed (median of several, each
+letting its rows go untouched). `--batch 1` times what a claim costs whatever it finds: at
+one row per claim, the rate at which a relay woken per commit works, that sets the commit ->
+broker latency.
 
 - scan: the released claim, the "ready now" index read from its start in id order;
 - lookback: a keyset on id from the relay's last claimed id minus a fixed look-back window;
@@ -30,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql as pgsql
@@ -42,16 +45,19 @@ from outbox_notify.relay.store import claimed_rows
 from outbox_notify.serialization import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
-BATCH = 100  # rows a timed claim takes
+BATCH = 100  # rows a timed claim takes (--batch)
 REPEATS = 7  # timed claims per design and size (the median is reported)
 LOOKBACK = 10_000  # ids the lookback design reads behind its last claimed id
 FULL_SIZES = (0, 100_000, 1_000_000)
 QUICK_SIZES = (0, 50_000)
 DESIGNS = ("scan", "lookback", "rotation", "frontier")
 
+# The relay's planner settings for a claim (sql/queries.sql set_claim_timeout): its prepared
+# claim keeps one generic plan.
 PLAN = (
     "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),"
+    " set_config('plan_cache_mode', 'force_generic_plan', true)"
 )
 FILL = pgsql.SQL(
     "INSERT INTO {table} (task_id, task_name, args, kwargs, options, schema_version, part)"
@@ -89,8 +95,13 @@ def server_url() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def scratch_database(url: str) -> Iterator[str]:
-    """A database of its own with this checkout's schema; dropped afterwards."""
+def scratch_database(url: str, *, scan_index: bool) -> Iterator[str]:
+    """A database of its own with this checkout's schema; dropped afterwards.
+
+    `scan_index`: add the index the released claim read (the scan and lookback designs').
+    Only for them: a claim planned once for any parameters (the relay's generic plan) may
+    pick it for a part it fits badly, and read every dead row the other designs avoid.
+    """
     name = f"claim_designs_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(name)))
@@ -99,11 +110,12 @@ def scratch_database(url: str) -> Iterator[str]:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(queries_sql.read("install.sql"))
             conn.execute(ROTATION_DDL)
-            # What the released claim read; this release has no such index.
-            conn.execute(
-                "CREATE INDEX scan_ready_idx ON outbox_notify_message_v1 (id)"
-                " WHERE retry_after IS NULL"
-            )
+            if scan_index:
+                # What the released claim read; this release has no such index.
+                conn.execute(
+                    "CREATE INDEX scan_ready_idx ON outbox_notify_message_v1 (id)"
+                    " WHERE retry_after IS NULL"
+                )
         yield dsn
     finally:
         with psycopg.connect(url, autocommit=True) as admin:
@@ -167,15 +179,20 @@ class Design:
     def after_publish(self, blocked: bool) -> None:
         """Maintenance between batches (rotation's truncate)."""
 
-    def timed_claim(self) -> float:
-        """Seconds one claim of BATCH rows takes; rolled back."""
+    def timed_claim(self, batch: int) -> float:
+        """Seconds one claim of `batch` rows takes; its rows are let go untouched.
+
+        Committed, not rolled back: the claim changed nothing, and psycopg forgets the
+        statements it prepared on a connection that rolls back, so every claim was planned
+        again and timed with its planning, which a relay (ClaimStore.release) does not pay.
+        """
         self.conn.execute(PLAN)
         started = time.perf_counter()
-        ids = self.claim(BATCH)
+        ids = self.claim(batch)
         elapsed = time.perf_counter() - started
-        self.conn.rollback()
-        if len(ids) != BATCH:
-            raise RuntimeError(f"{type(self).__name__} claimed {len(ids)} rows, not {BATCH}")
+        self.conn.commit()
+        if len(ids) != batch:
+            raise RuntimeError(f"{type(self).__name__} claimed {len(ids)} rows, not {batch}")
         return elapsed
 
 
@@ -234,23 +251,30 @@ class FrontierDesign(Design):
         super().__init__(dsn)
         self.frontier = Frontier()
         self.query = queries_sql.queries()["claim_batch"]
+        self.shapes: dict[tuple[str, ...], LiteralString] = {}
 
     def claim(self, limit: int) -> list[int]:
         asked = self.frontier.params()
+        # The shape the relay runs (ClaimStore.claim_shape): without the parts that have
+        # nothing to read this time.
+        left_out = tuple(part for part in ("recheck", "late") if not asked[part])
+        query = self.shapes.get(left_out)
+        if query is None:
+            query = self.shapes[left_out] = queries_sql.without(self.query, *left_out)
         records = self.conn.execute(
-            self.query, {**asked, "limit": limit, "max_version": SCHEMA_VERSION}
+            query, {**asked, "limit": limit, "max_version": SCHEMA_VERSION}
         ).fetchall()
         rows, taken, seen = claimed_rows(records, limit)
         self.frontier.absorb(asked, taken, seen)
         return [r.id for r in rows]
 
-    def timed_claim(self) -> float:
+    def timed_claim(self, batch: int) -> float:
         # The state a claim leaves is what the next claim starts from; a timed claim is
-        # rolled back, so it must not move the frontier past the rows it gave back.
+        # let go untouched, so it must not move the frontier past the rows it gave back.
         saved = (self.frontier.ready, self.frontier.due, self.frontier.scheduled)
         late, recheck = set(self.frontier.late), set(self.frontier.recheck)
         try:
-            return super().timed_claim()
+            return super().timed_claim(batch)
         finally:
             self.frontier.ready, self.frontier.due, self.frontier.scheduled = saved
             self.frontier.late, self.frontier.recheck = late, recheck
@@ -277,7 +301,9 @@ def old_snapshot(dsn: str, *, read_outbox: bool) -> Iterator[None]:
         conn.rollback()
 
 
-def measure(dsn: str, design: str, sizes: Sequence[int], read_outbox: bool) -> dict[str, Any]:
+def measure(
+    dsn: str, design: str, sizes: Sequence[int], read_outbox: bool, batch: int = BATCH
+) -> dict[str, Any]:
     """Claim cost per dead-row count for one design beside one kind of old snapshot."""
     relay = MAKERS[design](dsn)
     results: dict[str, Any] = {"claim_ms": {}, "late_found": None}
@@ -294,39 +320,41 @@ def measure(dsn: str, design: str, sizes: Sequence[int], read_outbox: bool) -> d
                     relay.publish_all()
                     relay.after_publish(blocked=read_outbox)
                     dead = size
-                relay.fill(BATCH)
-                times = [relay.timed_claim() for _ in range(REPEATS)]
-                results["claim_ms"][str(size)] = round(statistics.median(times) * 1000, 2)
+                relay.fill(batch)
+                times = [relay.timed_claim(batch) for _ in range(REPEATS)]
+                results["claim_ms"][str(size)] = round(statistics.median(times) * 1000, 3)
                 relay.publish_all()
-                dead += BATCH
-            results["late_found"] = late_commit_found(dsn, relay)
+                dead += batch
+            results["late_found"] = late_commit_found(dsn, relay, batch)
     finally:
         relay.close()
     return results
 
 
-def late_commit_found(dsn: str, relay: Design) -> bool:
+def late_commit_found(dsn: str, relay: Design, batch: int = BATCH) -> bool:
     """Is a row written early and committed late (after many later rows) claimed at commit?"""
     with psycopg.connect(dsn, autocommit=False) as late_writer:
         relay.write(late_writer, 1)
         # Enough rows after it for a look-back window to have passed it.
-        relay.fill(LOOKBACK + 2 * BATCH)
+        relay.fill(LOOKBACK + 2 * batch)
         relay.publish_all()
         late_writer.commit()
     with relay.conn.transaction():
         relay.conn.execute(PLAN)
-        return bool(relay.claim(BATCH))
+        return bool(relay.claim(batch))
 
 
-def run(sizes: Sequence[int], designs: Sequence[str] = DESIGNS) -> dict[str, Any]:
-    figures: dict[str, Any] = {"sizes": list(sizes), "batch": BATCH, "designs": {}}
+def run(
+    sizes: Sequence[int], designs: Sequence[str] = DESIGNS, batch: int = BATCH
+) -> dict[str, Any]:
+    figures: dict[str, Any] = {"sizes": list(sizes), "batch": batch, "designs": {}}
     with server_url() as url:
         for design in designs:
             figures["designs"][design] = {}
             for read_outbox in (False, True):
-                with scratch_database(url) as dsn:
+                with scratch_database(url, scan_index=design in ("scan", "lookback")) as dsn:
                     key = "snapshot_read_outbox" if read_outbox else "snapshot_elsewhere"
-                    result = measure(dsn, design, sizes, read_outbox)
+                    result = measure(dsn, design, sizes, read_outbox, batch)
                     figures["designs"][design][key] = result
                     print(design, key, json.dumps(result), flush=True)
     return figures
@@ -336,8 +364,10 @@ def markdown(figures: dict[str, Any]) -> str:
     """The report's section: claim time per design, dead rows, snapshot kind."""
     sizes = figures["sizes"]
     head = " | ".join(f"{int(n):,} dead" for n in sizes)
+    batch = figures["batch"]
+    rows = "1 fresh row" if batch == 1 else f"{batch} fresh rows"
     lines = [
-        f"Median time of one claim of {figures['batch']} fresh rows, with this many dead rows "
+        f"Median time of one claim of {rows}, with this many dead rows "
         "in the table behind an old snapshot (`python -m bench.claim_designs`). Last column: "
         "is a row whose transaction stayed open the whole time claimed once it commits?",
         "",
@@ -347,7 +377,7 @@ def markdown(figures: dict[str, Any]) -> str:
     labels = {"snapshot_elsewhere": "never read the outbox", "snapshot_read_outbox": "read it"}
     for design, by_kind in figures["designs"].items():
         for kind, result in by_kind.items():
-            cells = " | ".join(f"{result['claim_ms'][str(n)]:.1f} ms" for n in sizes)
+            cells = " | ".join(f"{result['claim_ms'][str(n)]:.2f} ms" for n in sizes)
             found = "yes" if result["late_found"] else "**no**"
             lines.append(f"| {design} | {labels[kind]} | {cells} | {found} |")
     return "\n".join(lines) + "\n"
@@ -358,13 +388,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dead", help="comma-separated dead-row counts")
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}")
     parser.add_argument("--designs", help=f"comma-separated, of {', '.join(DESIGNS)}")
+    parser.add_argument("--batch", type=int, default=BATCH, help="rows per timed claim")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.dead:
         sizes = tuple(int(n) for n in args.dead.split(","))
     designs = tuple(args.designs.split(",")) if args.designs else DESIGNS
-    figures = run(sizes, designs)
+    figures = run(sizes, designs, args.batch)
     print(markdown(figures))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2), encoding="utf-8")

@@ -109,8 +109,8 @@ def markdown(figures: dict[str, Any]) -> str:
         "| (none) | 0 |"
     ]
     return (
-        "Two relays woken by a burst while a writer inserts and holds the wake lock for 10 s "
-        "before it commits (`tests/integration/test_wake_lock.py`, `python -m "
+        "Two relays (`--batch-size 1`) woken by a 300-row burst while a writer inserts and "
+        "holds the wake lock for 10 s before it commits (`tests/integration/test_wake_lock.py`, `python -m "
         "bench.long_writer`): statements per second each relay connection kind ran inside "
         f"the window, from PostgreSQL's statement log; medians of {median['runs']} runs "
         f"({median['tests_passed']} of them with the test passing), window "

@@ -12,6 +12,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import stat
@@ -50,11 +51,28 @@ def find_pg_ctl() -> str:
     )
 
 
+# Ports handed to servers come from below Linux's ephemeral range (32768-60999 by default):
+# a port the kernel picked for us would be free now, but any outgoing connection of this
+# machine may take it as its local port before a slow server (RabbitMQ: seconds) binds it.
+SERVER_PORTS = range(20_000, 32_000)
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that nothing uses right now, and that no client will take.
+
+    Chosen at random outside the ephemeral range and never twice in one process, so two
+    servers of one test, or a server and an outgoing connection, do not race for it.
+    """
+    for _ in range(200):
+        port = random.choice(SERVER_PORTS)
+        if port in _given:
+            continue
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind(("127.0.0.1", port))
+            _given.add(port)
+            return port
+    raise RuntimeError(f"no free TCP port found in {SERVER_PORTS}")
 
 
 def unprivileged_user() -> pwd.struct_passwd:

@@ -94,9 +94,19 @@ class PrivateRabbit:
         deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():
             if time.monotonic() > deadline or self.process.poll() is not None:
+                why = (
+                    "exited"
+                    if self.process.poll() is not None
+                    else f"no answer in {START_TIMEOUT:.0f} s"
+                )
                 tail = self.log_tail()
+                errors = self.log_errors()
                 self.stop()
-                raise RuntimeError(f"RabbitMQ node {self.node} did not start:\n{tail}")
+                raise RuntimeError(
+                    f"RabbitMQ node {self.node} (AMQP port {self.port}, distribution port "
+                    f"{self.dist_port}) did not start ({why}); its errors:\n{errors}\n"
+                    f"its last lines:\n{tail}"
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -170,6 +180,18 @@ class PrivateRabbit:
             with contextlib.suppress(OSError):
                 texts.extend(path.read_text(errors="replace").splitlines()[-lines:])
         return "\n".join(texts[-lines:])
+
+    def log_errors(self, lines: int = 20) -> str:
+        """The node's lines that report an error (why a boot failed hides above its tail)."""
+        found: list[str] = []
+        for path in [self.base / "server.out", *sorted((self.base / "log").glob("*.log"))]:
+            with contextlib.suppress(OSError):
+                found.extend(
+                    line
+                    for line in path.read_text(errors="replace").splitlines()
+                    if "[error]" in line or "BOOT FAILED" in line or "eaddrinuse" in line
+                )
+        return "\n".join(found[:lines]) or "(none logged)"
 
     # -- internals ---------------------------------------------------------------------
 
@@ -252,22 +274,38 @@ class PrivateRabbit:
                 os.kill(pid, signal.SIGKILL)
 
 
+START_ATTEMPTS = 3
+
+
 def start() -> PrivateRabbit:
-    """A fresh node on free ports; the caller must destroy() it."""
-    base = Path(tempfile.mkdtemp(prefix="outbox-notify-rabbit-"))
-    base.chmod(0o755)
-    server = PrivateRabbit(
-        base=base,
-        port=free_port(),
-        dist_port=free_port(),
-        node=f"outbox{uuid.uuid4().hex[:10]}@localhost",
+    """A fresh node on free ports; the caller must destroy() it.
+
+    A node that stops on its own while booting (a port taken meanwhile, a slow machine) is
+    replaced by another on other ports, up to START_ATTEMPTS times.
+    """
+    failures: list[str] = []
+    for _ in range(START_ATTEMPTS):
+        base = Path(tempfile.mkdtemp(prefix="outbox-notify-rabbit-"))
+        base.chmod(0o755)
+        server = PrivateRabbit(
+            base=base,
+            port=free_port(),
+            dist_port=free_port(),
+            node=f"outbox{uuid.uuid4().hex[:10]}@localhost",
+        )
+        try:
+            server.start()
+        except RuntimeError as exc:
+            server.destroy()
+            failures.append(str(exc))
+            continue
+        except BaseException:
+            server.destroy()
+            raise
+        return server
+    raise RuntimeError(
+        f"no RabbitMQ node started in {START_ATTEMPTS} attempts:\n" + "\n\n".join(failures)
     )
-    try:
-        server.start()
-    except BaseException:
-        server.destroy()
-        raise
-    return server
 
 
 @contextlib.contextmanager

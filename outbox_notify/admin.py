@@ -16,14 +16,14 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Model, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from outbox_notify import compact, conf, dashboard, deadletter, held, redaction, stats
 from outbox_notify.exceptions import ConfigurationError
-from outbox_notify.models import DeadLetter, InboxRecord, OutboxMessage
+from outbox_notify.models import DeadLetter, InboxRecord, OutboxDashboard, OutboxMessage
 from outbox_notify.serialization import EVENT_VERSION
 
 if TYPE_CHECKING:
@@ -332,6 +332,44 @@ def reset_retries(ids: list[int]) -> list[int]:
         if reset:
             cur.execute(stats.queries()["wake_relays"])
     return reset
+
+
+@admin.register(OutboxDashboard)
+class OutboxDashboardAdmin(ModelAdmin):
+    """The "Outbox dashboard" row of the admin index and app page: its link redirects to the
+    dashboard. No template or AdminSite of the project is touched; who sees the row is who
+    may view outbox messages, as for the dashboard itself."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return request.user.has_perm("outbox_notify.view_outboxmessage") or request.user.has_perm(
+            "outbox_notify.change_outboxmessage"
+        )
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        """Only the changelist URL, the index's link: there are no objects to show."""
+        info = self.opts.app_label, self.opts.model_name
+        view = self.admin_site.admin_view(self.changelist_view)
+        return [path("", view, name="{}_{}_changelist".format(*info))]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Redirect to the dashboard (which checks the permission again)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse(f"{self.admin_site.name}:outbox_notify_dashboard"))
 
 
 @admin.register(DeadLetter)

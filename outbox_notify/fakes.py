@@ -95,7 +95,7 @@ class InMemoryStore:
     `run(name, params)`, which calls `query_<name>` with the same parameters. `ran` lists the
     queries in order; `finished` the outcome of every claim. Rows are never held back for a
     retry time: a test that wants a row later adds it later. Set `gauge_error` to make the
-    gauges fail as a missing permission does; `dead_rows` and `holder` are what they report.
+    gauges fail as a missing permission does; `dead_rows`, `dead_letters` and `holder` are what they report.
     """
 
     def __init__(self, rows: Iterable[ClaimedRow] = ()) -> None:
@@ -106,8 +106,10 @@ class InMemoryStore:
         self.gauges = 0
         self.gauge_error: str | None = None
         self.dead_rows = 0
+        self.dead_letters = 0  # what the dead-letter gauge counts
         self.holder: SnapshotHolder | None = None
         self.probes: list[str] = []
+        self.proven = False  # session_proven() was called
         self.frontier: Any = None  # the state save_frontier stored last
         self.samples: list[dict[str, Any]] = []  # record_sample's parameters, in order
 
@@ -163,14 +165,21 @@ class InMemoryStore:
         """The depth is the number of rows; the oldest is 1.5 seconds old."""
         self.gauges += 1
         self.run("set_claim_timeout", {"timeout_ms": "0"})
-        gauges: QueueGauges = self.run(
-            "queue_gauges", {**Frontier().params(with_held=True), **gauge_params()}
-        )
+        params = {**Frontier().params(with_held=True), **gauge_params()}
+        gauges: QueueGauges = self.run("queue_gauges", params)
+        if self.run("dead_letters_readable"):
+            letters: int = self.run("count_dead_letters", {"limit": params["limit"]})
+            gauges = dataclasses.replace(gauges, dead_letters=letters)
         return gauges
 
     def send_probe(self, payload: str) -> None:
         """Keep the payload in `probes`."""
         self.run("notify_probe", {"payload": payload})
+
+    def session_proven(self) -> None:
+        """Note that the LISTEN probe went through (the real store turns on prepared
+        statements)."""
+        self.proven = True
 
     def record_sample(self, sample: Sample) -> None:
         """Keep the sample's parameters in `samples` (fails like the gauges with
@@ -226,6 +235,12 @@ class InMemoryStore:
         return QueueGauges(
             depth=len(self.rows), oldest_seconds=1.5, dead_rows=self.dead_rows, holder=self.holder
         )
+
+    def query_dead_letters_readable(self) -> bool:
+        return True
+
+    def query_count_dead_letters(self, *, limit: int) -> int:
+        return min(self.dead_letters, limit)
 
     def query_notify_probe(self, *, payload: str) -> None:
         self.probes.append(payload)
@@ -335,6 +350,8 @@ class FakeListener:
     holds_lock: bool = False
     released: int = 0
     bounded: bool = True
+    stale_timeout: float = 30.0
+    last_statement: float = 0.0
     ran: list[str] = dataclasses.field(default_factory=list)
 
     @property
@@ -365,6 +382,7 @@ class FakeListener:
     def _statement(self, name: str, seconds: float = 0.0) -> None:
         self.statements.append((self.clock.now, name))
         self.clock.now += seconds
+        self.last_statement = self.clock.now
         if self.on_statement is not None:
             self.on_statement(name)
 
@@ -416,6 +434,12 @@ class FakeListener:
         params = {**Frontier().params(), "max_version": SCHEMA_VERSION}
         claimable, due, next_due_in = self.store.query_peek(**params)
         return Peek(claimable=claimable, due=due, next_due_in=next_due_in)
+
+    def may_keep_lock(self, silent_for: float) -> bool:
+        """As the real one, on the fake clock: unbounded, or silent long enough to be safe."""
+        if not self.bounded:
+            return True
+        return self.clock.now - self.last_statement + silent_for < self.stale_timeout
 
     def drain_pending(self) -> int:
         """The scripted `pending` count, once."""

@@ -26,6 +26,11 @@ QUEUE_DEPTH = "outbox_notify.queue.depth"
 QUEUE_OLDEST = "outbox_notify.queue.oldest_seconds"
 DEAD_ROWS = "outbox_notify.table.dead_rows"
 OLDEST_SNAPSHOT = "outbox_notify.table.oldest_snapshot_seconds"
+QUEUE_DUE = "outbox_notify.queue.due"
+QUEUE_HELD = "outbox_notify.queue.held"
+QUEUE_RETRYING = "outbox_notify.queue.retrying"
+DEAD_LETTERS = "outbox_notify.dead_letters"
+RELAYS_LISTENING = "outbox_notify.relays.listening"
 
 OTHER_TASKS = "other"  # the task_name tag of every name past the cardinality cap
 _UNSAFE_TAG_CHARS = re.compile(r"[^A-Za-z0-9_.:/\-]")
@@ -43,6 +48,9 @@ class Metrics(Protocol):
     def lag(self, seconds: float) -> None: ...
     def queue(self, depth: int, oldest_seconds: float) -> None: ...
     def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None: ...
+    # dead_letters None: the relay's role may not count them (nothing is reported for it).
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None: ...
+    def relays(self, listening: int) -> None: ...
 
 
 class NullMetrics:
@@ -70,6 +78,12 @@ class NullMetrics:
         return None
 
     def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+        return None
+
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        return None
+
+    def relays(self, listening: int) -> None:
         return None
 
 
@@ -110,6 +124,14 @@ class FanOut:
     def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
         for sink in self.sinks:
             sink.vacuum(dead_rows, snapshot_seconds)
+
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        for sink in self.sinks:
+            sink.backlog(due, held, retrying, dead_letters)
+
+    def relays(self, listening: int) -> None:
+        for sink in self.sinks:
+            sink.relays(listening)
 
 
 def combined(*sinks: Metrics) -> Metrics:
@@ -185,6 +207,16 @@ class DogStatsdMetrics:
     def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
         self._send("gauge", DEAD_ROWS, dead_rows)
         self._send("gauge", OLDEST_SNAPSHOT, snapshot_seconds)
+
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        self._send("gauge", QUEUE_DUE, due)
+        self._send("gauge", QUEUE_HELD, held)
+        self._send("gauge", QUEUE_RETRYING, retrying)
+        if dead_letters is not None:
+            self._send("gauge", DEAD_LETTERS, dead_letters)
+
+    def relays(self, listening: int) -> None:
+        self._send("gauge", RELAYS_LISTENING, listening)
 
     def close(self) -> None:
         """Close the client's socket (on shutdown; a later metric call reopens it)."""

@@ -58,6 +58,11 @@ RELAY_METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "Age of the oldest snapshot keeping vacuum from the outbox's dead rows",
     ),
+    "queue_due_rows": ("gauge", "Outbox rows due now (not waiting for a retry or an ETA)"),
+    "queue_held_rows": ("gauge", "Outbox rows held until an ETA still ahead"),
+    "queue_retrying_rows": ("gauge", "Outbox rows waiting for a retry"),
+    "dead_letters_rows": ("gauge", "Rows in the dead-letter table"),
+    "relays_listening": ("gauge", "Relay sessions waiting on LISTEN"),
     "relay_connected": ("gauge", "1 while this relay is connected to PostgreSQL, else 0"),
     "relay_listening": ("gauge", "1 while this relay waits on LISTEN, 0 polling or disconnected"),
 }
@@ -137,6 +142,10 @@ class PrometheusMetrics:
         self._oldest = gauge("queue_oldest_seconds")
         self._dead_rows = gauge("table_dead_rows")
         self._snapshot = gauge("table_oldest_snapshot_seconds")
+        # Absent until the relay first read them (and dead letters while its role may not
+        # count them), rather than a 0 an alert would take for the truth.
+        self._last = _LastValues(client)
+        self.registry.register(self._last)
         self.registry.register(_StateCollector(self, client))
 
     def published(self, task_name: str, count: int = 1) -> None:
@@ -166,9 +175,52 @@ class PrometheusMetrics:
         self._dead_rows.set(dead_rows)
         self._snapshot.set(snapshot_seconds)
 
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        self._last.set("queue_due_rows", due)
+        self._last.set("queue_held_rows", held)
+        self._last.set("queue_retrying_rows", retrying)
+        if dead_letters is not None:
+            self._last.set("dead_letters_rows", dead_letters)
+
+    def relays(self, listening: int) -> None:
+        self._last.set("relays_listening", listening)
+
     def exposition(self) -> bytes:
         """The registry in Prometheus's text format (what /metrics answers)."""
         return bytes(_client().generate_latest(self.registry))
+
+
+class _LastValues:
+    """Gauges served from the last value the relay set, and not at all before one."""
+
+    NAMES = (
+        "queue_due_rows",
+        "queue_held_rows",
+        "queue_retrying_rows",
+        "dead_letters_rows",
+        "relays_listening",
+    )
+
+    def __init__(self, client: Any) -> None:
+        self.family = client.core.GaugeMetricFamily
+        self.values: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def set(self, name: str, value: float) -> None:
+        with self.lock:
+            self.values[name] = float(value)
+
+    def describe(self) -> Iterator[Any]:
+        # Every family, known or not yet: the registry checks names against it once.
+        for name in self.NAMES:
+            yield self.family(PREFIX + name, RELAY_METRICS[name][1])
+
+    def collect(self) -> Iterator[Any]:
+        with self.lock:
+            known = dict(self.values)
+        for name in self.NAMES:
+            if name in known:
+                yield self.family(PREFIX + name, RELAY_METRICS[name][1], value=known[name])
 
 
 class _StateCollector:

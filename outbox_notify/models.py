@@ -44,6 +44,16 @@ class OutboxMessage(models.Model):
         return f"{self.task_name}[{self.task_id}]"
 
 
+class OutboxDashboard(OutboxMessage):
+    """The admin index's "Outbox dashboard" entry: a proxy (no table) whose admin page leads
+    to the dashboard; it has no permissions of its own (viewing outbox messages is the one)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = verbose_name_plural = "outbox dashboard"
+        default_permissions = ()
+
+
 class DeadLetter(models.Model):
     """A task that exhausted its retries or could not be decoded; kept for operators."""
 

@@ -107,6 +107,11 @@ class OTelMetrics:
             (names.QUEUE_OLDEST, seconds),
             (names.DEAD_ROWS, "{row}"),
             (names.OLDEST_SNAPSHOT, seconds),
+            (names.QUEUE_DUE, count),
+            (names.QUEUE_HELD, count),
+            (names.QUEUE_RETRYING, count),
+            (names.DEAD_LETTERS, count),
+            (names.RELAYS_LISTENING, "{relay}"),
         ):
             meter.create_observable_gauge(name, callbacks=[self._observer(name)], unit=unit)
 
@@ -152,6 +157,18 @@ class OTelMetrics:
             self._last[names.DEAD_ROWS] = dead_rows
             self._last[names.OLDEST_SNAPSHOT] = snapshot_seconds
 
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        with self._lock:
+            self._last[names.QUEUE_DUE] = due
+            self._last[names.QUEUE_HELD] = held
+            self._last[names.QUEUE_RETRYING] = retrying
+            if dead_letters is not None:
+                self._last[names.DEAD_LETTERS] = dead_letters
+
+    def relays(self, listening: int) -> None:
+        with self._lock:
+            self._last[names.RELAYS_LISTENING] = listening
+
 
 class Fanout:
     """Several Metrics as one; a sink that raises stops no other (the Protocol forbids raising,
@@ -190,3 +207,9 @@ class Fanout:
 
     def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
         self._each("vacuum", dead_rows, snapshot_seconds)
+
+    def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
+        self._each("backlog", due, held, retrying, dead_letters)
+
+    def relays(self, listening: int) -> None:
+        self._each("relays", listening)

@@ -25,6 +25,10 @@ from typing import LiteralString, TypeAlias
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 _INCLUDE_LINE = re.compile(r"^([ \t]*)--\s*include:\s*(\w+)\s*$", re.MULTILINE)
+_OPTIONAL_BLOCK = re.compile(
+    r"^[ \t]*--\s*optional:\s*(\w+)[ \t]*\n.*?^[ \t]*--\s*end optional:\s*\1[ \t]*\n",
+    re.MULTILINE | re.DOTALL,
+)
 
 # The files of named queries (`-- name: NAME` sections); fragments.sql holds the `_NAME`
 # sections any of them may include.
@@ -102,6 +106,20 @@ def _expand(body: LiteralString, known: Mapping[str, LiteralString], chain: tupl
     return _INCLUDE_LINE.sub(include, body)
 
 
+def without(query: LiteralString, *parts: str) -> LiteralString:
+    """`query` without its `-- optional: PART` ... `-- end optional: PART` blocks for `parts`.
+
+    The markers are comments: the query with every block in is the query as written. Raises
+    ValueError for a part the query marks nowhere (a renamed marker must not go unnoticed).
+    """
+    found = {match.group(1) for match in _OPTIONAL_BLOCK.finditer(query)}
+    unknown = set(parts) - found
+    if unknown:
+        raise ValueError(f"the query marks no optional part {sorted(unknown)}")
+    dropped = _OPTIONAL_BLOCK.sub(lambda m: "" if m.group(1) in parts else m.group(0), query)
+    return _trusted(dropped)
+
+
 def parse_named_queries(text: LiteralString) -> dict[str, LiteralString]:
     """Split a file of `-- name: NAME` sections into {NAME: query}.
 
@@ -117,6 +135,33 @@ def parse_named_queries(text: LiteralString) -> dict[str, LiteralString]:
         for name, body in sections.items()
         if not name.startswith("_")
     }
+
+
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%%")
+
+
+@functools.cache
+def positional(query: LiteralString) -> tuple[LiteralString, tuple[str, ...]]:
+    """A named query in PostgreSQL's own `$1` style, for psycopg.RawCursor, and the names of
+    its parameters in order (a name used twice is one parameter).
+
+    psycopg turns `%(name)s` into `$1` at every execution, with regular expressions, and keeps
+    the result only for queries under 4 KB; the claim is longer. Done once here, a claim's
+    execution skips it.
+    """
+    names: list[str] = []
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name is None:
+            return "%"  # `%%`: a literal percent sign
+        if name not in names:
+            names.append(name)
+        return f"${names.index(name) + 1}"
+
+    if "%" in _PLACEHOLDER.sub("", query):
+        raise ValueError("a placeholder other than %(name)s (or a lone %): keep to %(name)s")
+    return _trusted(_PLACEHOLDER.sub(number, query)), tuple(names)
 
 
 @functools.cache

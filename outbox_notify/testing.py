@@ -162,6 +162,9 @@ class SavepointStore:
         with connections[self.alias].cursor() as cursor:
             cursor.execute(self.queries["notify_probe"], {"payload": payload})
 
+    def session_proven(self) -> None:
+        """Nothing to do: the test's own connection is Django's."""
+
 
 class FakeRelay:
     """Drains the outbox through the real relay loop into a RecordingPublisher."""

@@ -223,3 +223,12 @@ holder AS MATERIALIZED (
 -- deleted or updated since the last vacuum that could not remove it).
 coalesce((SELECT s.n_dead_tup FROM pg_stat_user_tables AS s
           WHERE s.relid = 'outbox_notify_message_v1'::regclass), 0)::bigint
+
+-- name: _held
+-- A condition: a held row whose ETA is still ahead.
+retry_after > now() AND retries = 0 AND last_error IS NULL
+
+-- name: _retrying
+-- A condition: a row that failed (a retry or a broker outage sets last_error) whose next try
+-- is not due yet. Read through the failed index, so held rows cost nothing.
+(retries > 0 OR last_error IS NOT NULL) AND retry_after > now()

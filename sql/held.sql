@@ -6,10 +6,6 @@
 -- last_error IS NULL (sql/install.sql). Every query reads the "scheduled" index
 -- (retry_after) or the task_id index, never the whole table.
 
--- name: _held
--- A condition: a held row whose ETA is still ahead.
-retry_after > now() AND retries = 0 AND last_error IS NULL
-
 -- name: _cancel_doomed
 -- The end of both cancels: delete the rows of `doomed`, say which were held and whether their
 -- task ignores its result.

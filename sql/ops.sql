@@ -26,11 +26,6 @@ SELECT count(*) FROM pending;
 -- current size; works before the first ANALYZE too).
 EXPLAIN (FORMAT JSON) SELECT 1 FROM outbox_notify_message_v1;
 
--- name: _retrying
--- A condition: a row that failed (a retry or a broker outage sets last_error) whose next try
--- is not due yet. Read through the failed index, so held rows cost nothing.
-(retries > 0 OR last_error IS NOT NULL) AND retry_after > now()
-
 -- name: count_retrying_upto
 -- Rows waiting for a retry that is not due yet: rows that failed (a retry or a broker outage
 -- sets last_error) read through the failed index, so held rows cost nothing. A row never

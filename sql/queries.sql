@@ -33,6 +33,10 @@ FROM STDIN;
 --   3 fresh    scheduled rows written since the scheduled frontier that are due already
 --              (up to %(walk)s new ones are read; the rest wait for the due part);
 --   4 ready    rows with no retry_after after the ready frontier, in (txid, id) order.
+-- The recheck and late parts (and their lists in the last row) sit between `-- optional:`
+-- markers: the relay runs the claim without them while it has no row to recheck, or no
+-- transaction to look up (sql.without(); outbox_notify/relay/store.py), which is most claims:
+-- a part with nothing to read returned nothing, but PostgreSQL still set up its scans.
 -- A last row (part -1) carries what the relay needs to move its frontier: the snapshot's
 -- running transactions, the statement's time, and the rows of each part it read but could not
 -- take (locked by someone else, or beyond the LIMIT), to be read again by id.
@@ -60,12 +64,15 @@ walked AS MATERIALIZED (
     LIMIT %(walk)s
 ),
 picked AS MATERIALIZED (
+    -- optional: recheck
     SELECT * FROM (
         SELECT m.*, 0 AS part FROM outbox_notify_message_v1 AS m
         WHERE
         -- include: _recheck_rows
         FOR UPDATE SKIP LOCKED) AS rechecked
     UNION ALL
+    -- end optional: recheck
+    -- optional: late
     SELECT * FROM (
         SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
         WHERE
@@ -78,6 +85,7 @@ picked AS MATERIALIZED (
         -- include: _late_due_rows
         FOR UPDATE SKIP LOCKED) AS late_due
     UNION ALL
+    -- end optional: late
     SELECT * FROM due
     UNION ALL
     SELECT * FROM (
@@ -157,11 +165,14 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
         -- (the claim did not fill up, or a later part took a row): otherwise the relay
         -- reads the part again next time and ignores these lists, and a late transaction of
         -- 50,000 rows made every claim of its rows read all those left.
+        -- optional: recheck
         'recheck_left', CASE WHEN (SELECT exhausted OR last_part > 0 FROM bounds) THEN ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
             -- include: _recheck_rows
               AND m.id NOT IN (SELECT id FROM picked)) END,
+        -- end optional: recheck
+        -- optional: late
         'late_left', CASE WHEN (SELECT exhausted OR last_part > 1 FROM bounds) THEN ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
             WHERE
@@ -172,12 +183,35 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
             WHERE
             -- include: _late_due_rows
               AND m.id NOT IN (SELECT id FROM picked)) END,
+        -- end optional: late
+        -- The due and ready parts' rows left behind, from the frontier to `upto`: three reads
+        -- each (the frontier's transaction or time, those between, `upto`'s), so that both
+        -- ends are conditions on single columns. Bounded by two row comparisons instead, the
+        -- index scan did not stop at `upto`: it read the index to its end, every row still
+        -- ahead of the claim, at every claim of a drain.
         'due_left', ARRAY(
             SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE
-            -- include: _due_rows
-              AND (m.retry_after, m.id)
-                  <= ((SELECT due_at FROM upto), (SELECT due_id FROM upto))
+            WHERE m.retry_after = %(due_at)s::timestamptz AND m.id > %(due_id)s::bigint
+              AND m.id <= (SELECT CASE WHEN u.due_at > %(due_at)s::timestamptz
+                                       THEN 9223372036854775807 ELSE u.due_id END
+                           FROM upto AS u)
+              AND m.retry_after <= statement_timestamp()
+              AND m.schema_version <= %(max_version)s
+              AND m.id NOT IN (SELECT id FROM picked)
+            UNION ALL
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE m.retry_after > %(due_at)s::timestamptz
+              AND m.retry_after < (SELECT due_at FROM upto)
+              AND m.retry_after <= statement_timestamp()
+              AND m.schema_version <= %(max_version)s
+              AND m.id NOT IN (SELECT id FROM picked)
+            UNION ALL
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE m.retry_after = (SELECT due_at FROM upto)
+              AND m.retry_after > %(due_at)s::timestamptz
+              AND m.id <= (SELECT due_id FROM upto)
+              AND m.retry_after <= statement_timestamp()
+              AND m.schema_version <= %(max_version)s
               AND m.id NOT IN (SELECT id FROM picked)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
                        WHERE b.walked_txid IS NOT NULL),
@@ -188,12 +222,30 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND w.schema_version <= %(max_version)s
               AND w.id NOT IN (SELECT id FROM picked)),
         'ready_left', (
-            SELECT json_agg(json_build_array(m.txid::text, m.id))
-            FROM outbox_notify_message_v1 AS m
-            WHERE
-            -- include: _ready_rows
-              AND (m.txid, m.id) <= ((SELECT ready_txid FROM upto), (SELECT ready_id FROM upto))
-              AND m.id NOT IN (SELECT id FROM picked))
+            SELECT json_agg(json_build_array(l.txid::text, l.id)) FROM (
+                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                WHERE m.retry_after IS NULL
+                  AND m.txid = %(ready_txid)s::xid8 AND m.id > %(ready_id)s::bigint
+                  AND m.id <= (SELECT CASE WHEN u.ready_txid > %(ready_txid)s::xid8
+                                           THEN 9223372036854775807 ELSE u.ready_id END
+                               FROM upto AS u)
+                  AND m.schema_version <= %(max_version)s
+                  AND m.id NOT IN (SELECT id FROM picked)
+                UNION ALL
+                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                WHERE m.retry_after IS NULL
+                  AND m.txid > %(ready_txid)s::xid8
+                  AND m.txid < (SELECT ready_txid FROM upto)
+                  AND m.schema_version <= %(max_version)s
+                  AND m.id NOT IN (SELECT id FROM picked)
+                UNION ALL
+                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                WHERE m.retry_after IS NULL
+                  AND m.txid = (SELECT ready_txid FROM upto)
+                  AND m.txid > %(ready_txid)s::xid8
+                  AND m.id <= (SELECT ready_id FROM upto)
+                  AND m.schema_version <= %(max_version)s
+                  AND m.id NOT IN (SELECT id FROM picked)) AS l)
     );
 
 -- name: ensure_frontier_row
@@ -333,12 +385,16 @@ SELECT pg_notify('outbox_notify_v1_probe', %(payload)s);
 
 -- name: set_listen_plan
 -- The LISTEN connection's peeks and waits read the indexes in order whatever the table's
--- statistics say, as claims do (set_claim_timeout), without JIT compiling them. Session-wide:
--- this connection is never pooled (it only LISTENs once the probe showed it is direct).
+-- statistics say, as claims do (set_claim_timeout), without JIT compiling them, and keep
+-- their generic plan once prepared: left to choose, PostgreSQL found the peek's custom plans
+-- cheaper (they drop the parts a one-time filter turns off) and planned it at every peek.
+-- Session-wide: this connection LISTENs only once the probe showed it is a session of its
+-- own (direct, or a session pooler, which resets sessions between clients: DISCARD ALL).
 SELECT set_config('jit', 'off', false),
        set_config('enable_seqscan', 'off', false),
        set_config('enable_bitmapscan', 'off', false),
-       set_config('enable_sort', 'off', false);
+       set_config('enable_sort', 'off', false),
+       set_config('plan_cache_mode', 'force_generic_plan', false);
 
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', %(timeout_ms)s, false);
@@ -353,7 +409,9 @@ SELECT pg_advisory_unlock(1869968482, 1);
 -- name: take_wake_lock_bounded
 -- PostgreSQL 14+: while it holds the lock, a relay that stops responding (frozen, hung)
 -- loses its session after %(timeout_ms)s of silence, so the lock cannot outlive it. A healthy
--- sleeping relay speaks on this connection at least once per sweep interval.
+-- sleeping relay speaks on this connection at least once per sweep interval, and keeps the
+-- lock through a drain only when the drain's longest batch fits in what is left of that
+-- silence (Listener.may_keep_lock).
 SELECT set_config('idle_session_timeout', %(timeout_ms)s, false), pg_advisory_lock(1869968482, 1);
 
 -- name: release_wake_lock_bounded
@@ -393,7 +451,13 @@ FROM found;
 -- an index: the depth, exact up to %(limit)s rows and beyond that the planner's way of
 -- estimating it (rows per page at the last ANALYZE times the table's pages now); the oldest
 -- pending row's age (_oldest_pending, as outbox_stats reports it); the dead rows
--- (_dead_rows); and the oldest snapshot holding them back (_snapshot_holder).
+-- (_dead_rows); and the oldest snapshot holding them back (_snapshot_holder). Beside them,
+-- the rows held until an ETA still ahead (_held, through the scheduled index from now on)
+-- and those waiting for a retry (_retrying, through the failed index from now on), each
+-- count stopping after %(limit)s rows, and the relays' sessions waiting on LISTEN (as
+-- outbox_stats's relay_sessions counts them). The dead letters are another statement
+-- (count_dead_letters): the relay role may not read that table, and one unreadable table
+-- here would cost every gauge.
 WITH
 -- include: _pending
 ,
@@ -410,9 +474,32 @@ SELECT
         AS oldest_seconds,
     -- include: _dead_rows
         AS dead_rows,
-    h.kind, h.xids, h.seconds, h.pid, h.name
+    h.kind, h.xids, h.seconds, h.pid, h.name,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_notify_message_v1
+        WHERE
+        -- include: _held
+        LIMIT %(limit)s) AS capped) AS held,
+    (SELECT count(*) FROM (
+        SELECT 1 FROM outbox_notify_message_v1
+        WHERE
+        -- include: _retrying
+        LIMIT %(limit)s) AS capped) AS retrying,
+    (SELECT count(*) FROM pg_stat_activity
+     WHERE datname = current_database() AND application_name = 'outbox_notify.listen')
+        AS relays_listening
 FROM (SELECT 1) AS one
 LEFT JOIN holder AS h ON true;
+
+-- name: dead_letters_readable
+-- Whether this role may count the dead letters (SELECT on any column of the table will do:
+-- sql/relay_role.sql grants the id only, never the messages).
+SELECT has_any_column_privilege('outbox_notify_dead_letter_v1', 'SELECT');
+
+-- name: count_dead_letters
+-- The dead letters, the count stopping after %(limit)s rows (a table without churn of
+-- published rows: nothing to skip).
+SELECT count(*) FROM (SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped;
 
 -- name: wake_lock_holder
 -- Who holds the wake lock this relay could not get: another sleeping relay (exclusive) or
@@ -445,13 +532,13 @@ SELECT
     %(dead_lettered)s, %(deferred)s, %(lag_p50_ms)s, %(lag_p99_ms)s, %(depth)s,
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_message_v1
-        -- held (sql/held.sql): never tried, its ETA still ahead
-        WHERE retry_after > now() AND retries = 0 AND last_error IS NULL
+        WHERE
+        -- include: _held
         LIMIT %(limit)s) AS capped),
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_message_v1
-        -- retrying (sql/ops.sql): failed, its next try not due yet
-        WHERE (retries > 0 OR last_error IS NOT NULL) AND retry_after > now()
+        WHERE
+        -- include: _retrying
         LIMIT %(limit)s) AS capped),
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped),

@@ -55,8 +55,11 @@ GRANT SELECT, DELETE ON outbox_notify_message_v1 TO outbox_notify_relay;
 REVOKE UPDATE ON outbox_notify_message_v1 FROM outbox_notify_relay;
 GRANT UPDATE (retries, retry_after, last_error) ON outbox_notify_message_v1 TO outbox_notify_relay;
 
--- The relay moves rows beyond saving to the dead letters; it never reads them back.
+-- The relay moves rows beyond saving to the dead letters; it never reads them back. It
+-- counts them for its dead-letter gauge and the dashboard's samples: SELECT on the id alone
+-- lets count(*) run and shows none of a message.
 GRANT INSERT ON outbox_notify_dead_letter_v1 TO outbox_notify_relay;
+GRANT SELECT (id) ON outbox_notify_dead_letter_v1 TO outbox_notify_relay;
 GRANT SELECT, INSERT, UPDATE ON outbox_notify_frontier_v1 TO outbox_notify_relay;
 -- One sample row per interval, and the retention's DELETE of old ones (its WHERE reads
 -- a column: SELECT).

@@ -45,6 +45,8 @@ class DrainHost(Protocol):
 
     def sample_gauges(self, store: Store | None = None) -> None: ...
 
+    def let_go_of_wake_lock(self) -> None: ...
+
 
 class BatchDrain:
     """Batches one after another on the main claim connection, until one comes back short."""
@@ -64,6 +66,7 @@ class BatchDrain:
                 return False
             if claimed < relay.config.batch_size:
                 return True
+            relay.let_go_of_wake_lock()  # a full batch: a backlog, not a short drain
         return True
 
     def process_batch(self) -> tuple[int, bool]:

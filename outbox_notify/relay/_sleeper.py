@@ -52,25 +52,51 @@ class Sleeper:
         if relay.polling or relay.listener is None:
             self.wait(self.sleep_timeout(self.peek()))
             return
-        # Notifications that arrived before the lock are for rows the peek below will see.
-        relay.listener.drain_pending()
-        state = relay.listener.take_lock()
-        if state is LockState.WRITERS:
-            state = self.outwait_writers(relay.listener)
+        listener = relay.listener
+        # Notifications that arrived before the lock (or during the drain it was kept
+        # through) are for rows the peek below will see.
+        listener.drain_pending()
+        if listener.holds_lock:
+            state = LockState.HELD  # kept through the short drain since the last wake
+        else:
+            state = listener.take_lock()
             if state is LockState.WRITERS:
-                return  # rows to claim, or a stop: drain again
+                state = self.outwait_writers(listener)
+                if state is LockState.WRITERS:
+                    return  # rows to claim, or a stop: drain again
+        keep = False
         try:
             while not relay.stopping:
                 relay.sample_gauges()
                 peek = self.peek()
                 if peek.claimable:
+                    keep = state is LockState.HELD and self.may_keep_lock(listener)
                     return
                 wake = self.wait(self.sleep_timeout(peek))
                 # Another relay holds the lock: come back and try to take it, in case it died.
                 if wake is not Wake.TIMEOUT or state is LockState.PEER:
+                    keep = (
+                        state is LockState.HELD
+                        and wake is Wake.NOTIFIED
+                        and self.may_keep_lock(listener)
+                    )
                     return
         finally:
-            relay.listener.release_lock()
+            # Woken for work, the relay keeps the lock through the drain that follows; the
+            # relay lets go of it as soon as that drain turns out long (Relay.cycle). While
+            # commits are this sparse, writers notify anyway, and the wake costs no release
+            # and no new take: two statements less between a notification and its claim,
+            # and between the end of a drain and the next sleep.
+            if not keep:
+                listener.release_lock()
+
+    def may_keep_lock(self, listener: WakeChannel) -> bool:
+        """Whether the lock may be kept through the drain to come: its longest batch is the
+        publish budget, plus half of what --stale-timeout leaves after it for the claim and
+        the finalising statements."""
+        config = self.relay.config
+        budget = config.publish_budget
+        return listener.may_keep_lock(budget + (config.stale_timeout - budget) / 2)
 
     def outwait_writers(self, listener: WakeChannel) -> LockState:
         """Wait behind writers whose open transactions hold the wake lock, without spinning.

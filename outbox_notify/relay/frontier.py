@@ -31,7 +31,7 @@ import dataclasses
 import datetime as dt
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 # A position before every row of an index: (txid, id) and (retry_after, id).
 START_TXID = 0
@@ -81,9 +81,12 @@ class Seen:
         )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Taken:
-    """One row a claim took: the part that found it and its position in that part's index."""
+class Taken(NamedTuple):
+    """One row a claim took: the part that found it and its position in that part's index.
+
+    A NamedTuple rather than a frozen dataclass: one is built for every row claimed, and a
+    tuple is built in a fraction of the time.
+    """
 
     id: int
     part: int

@@ -21,7 +21,13 @@ from outbox_notify import sql
 from outbox_notify.exceptions import DatabaseUnavailable
 from outbox_notify.relay.config import LISTEN_APPLICATION_NAME, PROBE_CHANNEL
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES, Peek, translated
+from outbox_notify.relay.store import (
+    CONNECT_TIMEOUT,
+    KEEPALIVES,
+    PREPARE_THRESHOLD,
+    Peek,
+    translated,
+)
 from outbox_notify.serialization import SCHEMA_VERSION
 
 PROBE_TIMEOUT = 2.0  # seconds to wait for the probe notification
@@ -56,6 +62,7 @@ class WakeChannel(Protocol):
     """What the relay loop needs from its LISTEN side (Listener; a fake in unit tests)."""
 
     wake_fd: int | None  # readable when a stop signal arrived (None: no signal wake-ups)
+    holds_lock: bool  # this relay holds the wake lock (taken to sleep, kept through a wake)
 
     @property
     def connected(self) -> bool: ...
@@ -71,6 +78,7 @@ class WakeChannel(Protocol):
     def peek(self) -> Peek: ...
     def drain_pending(self) -> int: ...
     def wait(self, timeout: float) -> Wake: ...
+    def may_keep_lock(self, silent_for: float) -> bool: ...
 
 
 class Listener:
@@ -84,13 +92,19 @@ class Listener:
         wake_fd: int | None,
         stale_timeout: float = 30.0,
         frontier: Frontier | None = None,
+        auto_prepare: bool = False,
     ) -> None:
         self.params = params
+        # Prepare the peek and the lock statements once listen() starts: a LISTEN that works
+        # is a server session of our own (see ClaimStore.session_proven).
+        self.auto_prepare = auto_prepare
         # The relay's claim positions: the peek and the wait behind writers read from them.
         self.frontier = frontier if frontier is not None else Frontier()
         self.lock_wait_ms = str(max(1, int(lock_wait * 1000)))
+        self.stale_timeout = stale_timeout
         self.stale_timeout_ms = str(int(stale_timeout * 1000))
         self.bounded = False  # server has idle_session_timeout (PostgreSQL 14+)
+        self.last_statement = 0.0  # time.monotonic() when a statement last ran here
         self.wake_fd = wake_fd
         self.queries = sql.queries()
         self.conn: psycopg.Connection[Any] | None = None
@@ -124,6 +138,8 @@ class Listener:
             conn.execute(self.queries["listen"])
             conn.execute(self.queries["set_lock_timeout"], {"timeout_ms": self.lock_wait_ms})
             conn.execute(self.queries["set_listen_plan"])
+        if self.auto_prepare:
+            conn.prepare_threshold = PREPARE_THRESHOLD
 
     def close(self) -> None:
         """Close the connection (the server drops our lock and LISTEN with it)."""
@@ -184,6 +200,7 @@ class Listener:
                     conn.execute(self.queries["take_wake_lock"])
             except pg_errors.LockNotAvailable:
                 return self._holder(conn)
+        self.last_statement = time.monotonic()
         self.holds_lock = True
         return LockState.HELD
 
@@ -209,6 +226,7 @@ class Listener:
                 return Outwait.TIMED_OUT
         if row and row[0]:
             return Outwait.CLAIMABLE
+        self.last_statement = time.monotonic()
         self.holds_lock = True
         return Outwait.LOCKED
 
@@ -249,8 +267,21 @@ class Listener:
         with translated("peeking at the outbox"):
             params = {**self.frontier.params(), "max_version": SCHEMA_VERSION}
             row = conn.execute(self.queries["peek"], params).fetchone()
+        self.last_statement = time.monotonic()
         claimable, due, next_due_in = row or (False, False, None)
         return Peek(claimable=bool(claimable), due=bool(due), next_due_in=next_due_in)
+
+    def may_keep_lock(self, silent_for: float) -> bool:
+        """Whether the wake lock may stay held while this connection says nothing for
+        `silent_for` more seconds (a drain on the claim connection).
+
+        On PostgreSQL 14+ the session holding the lock ends after --stale-timeout of silence
+        (take_wake_lock_bounded), so that a relay frozen asleep loses it: a relay keeps the
+        lock through a drain only when the server would not end its session meanwhile.
+        """
+        if not self.bounded:
+            return True
+        return time.monotonic() - self.last_statement + silent_for < self.stale_timeout
 
     def drain_pending(self) -> int:
         """Consume notifications already received; return how many there were."""

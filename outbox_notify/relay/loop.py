@@ -198,6 +198,9 @@ class Relay:
             if self.listener.probe(self.store.send_probe):
                 self.listener.listen()
                 self.polling = False
+                self.store.session_proven()
+                if self.spare_store is not None:
+                    self.spare_store.session_proven()
             else:
                 self.polling = True
                 self.listener.close()  # useless for wake-ups, and it would sit idle
@@ -227,18 +230,27 @@ class Relay:
         self.touch_liveness()
         cooldown = self.breaker.wait_time()
         if cooldown > 0:
+            self.let_go_of_wake_lock()
             self.pause(min(cooldown, self.config.liveness_interval))
             return
         if not self.drain() or self.stopping:
+            self.let_go_of_wake_lock()
             return
         self.sample_gauges()
         if self.drained >= self.LINGER_THRESHOLD:
             # Rows are flowing. Sleeping now would make every writer NOTIFY until the next
             # wake, and under steady load that is most of the time (bench/trigger.py, case d).
             # Look again shortly instead; sleep only after a drain that found only a few rows.
+            self.let_go_of_wake_lock()
             self.pause(self.BUSY_LINGER)
             return
         self.sleep_until_work()
+
+    def let_go_of_wake_lock(self) -> None:
+        """Release the wake lock if a wake kept it (see Sleeper.sleep_until_work): writers
+        stop notifying while the relay is busy, paused or cooling down."""
+        if self.listener is not None and self.listener.connected:
+            self.listener.release_lock()
 
     def sample_gauges(self, store: Store | None = None) -> None:
         """Sample the gauges now and then: to metrics (when on), and for the dead-rows warning.
@@ -260,6 +272,10 @@ class Relay:
             self.metrics.queue(gauges.depth, gauges.oldest_seconds)
             holder = gauges.holder
             self.metrics.vacuum(gauges.dead_rows, (holder.seconds or 0.0) if holder else 0.0)
+            # Read by the same statement as the depth, as fresh (GAUGE_INTERVAL), so due =
+            # depth - held - retrying adds up; no query per batch.
+            self.metrics.backlog(gauges.due, gauges.held, gauges.retrying, gauges.dead_letters)
+            self.metrics.relays(gauges.relays_listening)
         self.warn_if_vacuum_held_back(gauges)
         self.record_sample(gauges, now)
 
@@ -296,6 +312,7 @@ class Relay:
         """
         self.drained = 0
         if self.spare_store is not None and overlaps(self.publisher):
+            self.let_go_of_wake_lock()  # batches overlap: a drain here is never short
             return self.overlapped.run(self.spare_store)
         return self.batches.run()
 

@@ -24,7 +24,7 @@ from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import overlaps
 from outbox_notify.relay.reporting import Reporter
 from outbox_notify.relay.sent_events import SentEventPublisher
-from outbox_notify.relay.store import ClaimStore
+from outbox_notify.relay.store import ClaimStore, Preparing
 
 # Keywords of Django's connection parameters that psycopg.connect() does not take.
 _DJANGO_ONLY_PARAMS = ("cursor_factory", "context", "server_side_binding", "pool")
@@ -38,6 +38,18 @@ def connection_kwargs(alias: str) -> dict[str, Any]:
     for django_only in _DJANGO_ONLY_PARAMS:
         params.pop(django_only, None)
     return params
+
+
+def prepare_left_to_us(alias: str) -> bool:
+    """Whether the alias's OPTIONS leave psycopg's prepared statements to the relay.
+
+    Django turns them off unless OPTIONS names `prepare_threshold`; a value given there, None
+    included, is the user's word for every connection built from the alias.
+    """
+    from django.db import connections
+
+    options = connections[alias].settings_dict.get("OPTIONS") or {}
+    return "prepare_threshold" not in options
 
 
 def reporters() -> list[Reporter]:
@@ -57,18 +69,26 @@ def build_relay(
     app = conf.celery_app()
     transport.require(app)  # kombu would raise a bare KeyError or ImportError further down
     queues.use_app(app)  # rows name the queues this app's configuration declares
-    params = connection_kwargs(conf.database_alias())
+    alias = conf.database_alias()
+    params = connection_kwargs(alias)
     frontier = Frontier()  # where claims start; shared by every connection of this relay
+    listen_dsn = conf.listen_dsn()
+    ours = prepare_left_to_us(alias)
     listener = None
     if listen:
-        listen_params: dict[str, Any] | str = conf.listen_dsn() or params
+        listen_params: dict[str, Any] | str = listen_dsn or params
         listener = Listener(
             listen_params,
             lock_wait=config.lock_wait,
             wake_fd=wake_fd,
             stale_timeout=config.stale_timeout,
             frontier=frontier,
+            # A LISTEN DSN is a session of its own by definition (docs/deploy.md).
+            auto_prepare=ours or listen_dsn is not None,
         )
+    # The claims prove to be a session of their own only when the LISTEN connection is built
+    # from the same parameters: with a LISTEN DSN they may go through a transaction pooler.
+    preparing = Preparing(allowed=ours and listen_dsn is None)
     tracing = otel.Tracing(otel.tracer())  # spans only when a tracer provider is configured
     broker = publisher_for(app, send_timeout=config.send_timeout)
     # A publisher with two batches in flight (RabbitMQ) claims the next one on a second claim
@@ -76,9 +96,16 @@ def build_relay(
     spare = None
     if overlaps(broker):
         spare = tracing.store(
-            ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
+            ClaimStore(
+                params,
+                stale_timeout=config.stale_timeout,
+                frontier=frontier,
+                preparing=preparing,
+            )
         )
-    store = ClaimStore(params, stale_timeout=config.stale_timeout, frontier=frontier)
+    store = ClaimStore(
+        params, stale_timeout=config.stale_timeout, frontier=frontier, preparing=preparing
+    )
     return Relay(
         config,
         store=tracing.store(store),

@@ -11,9 +11,10 @@ import dataclasses
 import datetime as dt
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, LiteralString, Protocol
 
 import psycopg
+import structlog
 from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.types.json import Json
@@ -23,6 +24,8 @@ from outbox_notify.exceptions import ConfigurationError, DatabaseUnavailable, Ga
 from outbox_notify.relay.config import CLAIM_APPLICATION_NAME
 from outbox_notify.relay.frontier import Frontier, Seen, Taken
 from outbox_notify.serialization import SCHEMA_VERSION
+
+log = structlog.get_logger("outbox_notify")
 
 # TCP keepalives so a relay notices a vanished server in seconds, not hours.
 KEEPALIVES = {
@@ -116,6 +119,17 @@ class QueueGauges:
     oldest_seconds: float
     dead_rows: int = 0
     holder: SnapshotHolder | None = None
+    # Rows held until an ETA ahead, rows waiting for a retry, dead letters (None: this role
+    # may not count them), each counted up to GAUGE_EXACT_LIMIT + 1 rows; relays listening.
+    held: int = 0
+    retrying: int = 0
+    dead_letters: int | None = None
+    relays_listening: int = 0
+
+    @property
+    def due(self) -> int:
+        """Rows due now: the depth less the held and retrying rows (as outbox_stats's due_now)."""
+        return max(self.depth - self.held - self.retrying, 0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,6 +175,28 @@ class Store(Protocol):
     def peek(self) -> Peek: ...
     def queue_gauges(self) -> QueueGauges: ...
     def send_probe(self, payload: str) -> None: ...
+    def session_proven(self) -> None: ...
+
+
+# psycopg prepares a statement on its fifth execution (its default); the claim is planned
+# once per connection instead of at every claim (see ClaimStore.session_proven).
+PREPARE_THRESHOLD = 5
+# What a transaction pooler that does not track prepared statements answers: the statement
+# is missing, its name is taken, or another client's statement of that name has other
+# parameters.
+PREPARED_REFUSED = (
+    pg_errors.InvalidSqlStatementName,
+    pg_errors.DuplicatePreparedStatement,
+    pg_errors.ProtocolViolation,
+)
+
+
+@dataclasses.dataclass(slots=True)
+class Preparing:
+    """Whether a relay's claim connections may prepare statements: one object, shared by its
+    claim stores, so a refusal seen on one turns preparing off on all of them for good."""
+
+    allowed: bool
 
 
 @contextlib.contextmanager
@@ -180,15 +216,29 @@ class ClaimStore:
     """Owns the claim connection and runs the relay's claim-side queries on it."""
 
     def __init__(
-        self, params: dict[str, Any], *, stale_timeout: float, frontier: Frontier | None = None
+        self,
+        params: dict[str, Any],
+        *,
+        stale_timeout: float,
+        frontier: Frontier | None = None,
+        preparing: Preparing | None = None,
     ) -> None:
         self.params = params
+        # Prepare statements once the LISTEN probe proves a session of our own (see
+        # session_proven); not allowed when the alias's OPTIONS say, or the claims go elsewhere.
+        self.preparing = preparing if preparing is not None else Preparing(allowed=False)
+        self.prepare = False  # this connection's probe went through (session_proven)
         self.stale_timeout_ms = str(int(stale_timeout * 1000))
         self.queries = sql.queries()
+        # The claim in its four shapes (with or without the recheck and late parts), each
+        # converted to `$1` parameters once (see sql.positional), on first use.
+        self.claim_shapes: dict[tuple[bool, bool], tuple[LiteralString, tuple[str, ...]]] = {}
         self.conn: psycopg.Connection[Any] | None = None
         # Where claims start: shared by a relay's claim connections and its LISTEN side.
         self.frontier = frontier if frontier is not None else Frontier()
         self.next_save = 0.0  # time.monotonic() of the next frontier save
+        # Whether this role may count the dead letters (asked once per connection).
+        self.dead_letters_readable: bool | None = None
 
     def connect(self) -> None:
         """Open the connection (closing a broken one first)."""
@@ -197,6 +247,10 @@ class ClaimStore:
         params["application_name"] = CLAIM_APPLICATION_NAME
         with translated("connecting the claim connection"):
             self.conn = psycopg.connect(**params, autocommit=False)
+        # A new connection may lead elsewhere (a failover, a DSN now behind a pooler): it
+        # prepares once its own probe went through.
+        self.prepare = False
+        self.dead_letters_readable = None
         if not self.frontier.loaded:
             self.load_frontier()
 
@@ -204,7 +258,7 @@ class ClaimStore:
         """Start from the frontier a relay saved last (see load_frontier in sql/queries.sql)."""
         conn = self._connection()
         version = {"max_version": SCHEMA_VERSION}
-        with translated("loading the saved frontier"), conn.pipeline():
+        with self._statements("loading the saved frontier"), conn.pipeline():
             conn.execute(self.queries["ensure_frontier_row"], version)
             cursor = conn.execute(self.queries["load_frontier"], version)
             conn.commit()
@@ -226,7 +280,7 @@ class ClaimStore:
         conn = self._connection()
         if conn.info.transaction_status != pq.TransactionStatus.IDLE:
             return  # inside a claim: its rows are held, it will save with it
-        with translated("saving the frontier"), conn.pipeline():
+        with self._statements("saving the frontier"), conn.pipeline():
             self._save(conn)
             conn.commit()
 
@@ -234,6 +288,42 @@ class ClaimStore:
         if self.conn is None or self.conn.closed or self.conn.broken:
             raise DatabaseUnavailable("the claim connection is not open")
         return self.conn
+
+    def session_proven(self) -> None:
+        """The LISTEN probe went through: this connection is a server session of our own.
+
+        Django turns psycopg's prepared statements off (prepare_threshold None) because a
+        transaction pooler may not track them; with the alias's OPTIONS silent on it, the
+        relay turns them on for its claim connections once the probe, sent from the main
+        claim connection to the LISTEN one, all three built from the same parameters, proves
+        no transaction pooler is in between. Unprepared, the claim was planned at every
+        claim, which cost the server more than running it (docs/deploy.md, "PgBouncer";
+        `make bench-versus`). Called after every successful probe: each new connection
+        waits for its own.
+        """
+        if not self.preparing.allowed or self.conn is None or self.conn.closed:
+            return
+        self.prepare = True
+        self.conn.prepare_threshold = PREPARE_THRESHOLD
+
+    def _refused(self, exc: BaseException | None) -> None:
+        """Prepared statements off for good if `exc` is the server refusing one of them."""
+        if not (isinstance(exc, PREPARED_REFUSED) and self.prepare):
+            return
+        self.preparing.allowed = self.prepare = False
+        if self.conn is not None and not self.conn.closed:
+            self.conn.prepare_threshold = None
+        log.warning("outbox.prepared_statements_refused", error=str(exc))
+
+    @contextlib.contextmanager
+    def _statements(self, what: str) -> Iterator[None]:
+        """translated(), and prepared statements off for good if the server refuses them."""
+        try:
+            with translated(what):
+                yield
+        except DatabaseUnavailable as exc:
+            self._refused(exc.__cause__)
+            raise
 
     @contextlib.contextmanager
     def claim(self, limit: int, *, lock_wait: float | None = None) -> Iterator[Claim]:
@@ -247,7 +337,7 @@ class ClaimStore:
         conn = self._connection()
         asked = self.frontier.params()
         try:
-            with translated("claiming a batch"), conn.pipeline():
+            with self._statements("claiming a batch"), conn.pipeline():
                 conn.execute(
                     self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
                 )
@@ -255,10 +345,10 @@ class ClaimStore:
                     wait = str(max(1, int(lock_wait * 1000)))
                     conn.execute(self.queries["set_claim_lock_wait"], {"wait": wait})
                 self._save_frontier_now_and_then(conn)
-                cursor = conn.execute(
-                    self.queries["claim_batch"],
-                    {**asked, "limit": limit, "max_version": SCHEMA_VERSION},
-                )
+                values = {**asked, "limit": limit, "max_version": SCHEMA_VERSION}
+                text, names = self.claim_shape(bool(asked["recheck"]), bool(asked["late"]))
+                cursor = psycopg.RawCursor(conn)
+                cursor.execute(text, [values[name] for name in names])
                 if lock_wait is not None:  # the finalising statements wait as usual
                     conn.execute(self.queries["reset_claim_lock_wait"])
                     conn.execute(self.queries["reset_claim_statement_timeout"])
@@ -268,7 +358,7 @@ class ClaimStore:
                 self.rollback()
                 raise ClaimWouldWait(str(exc.__cause__)) from exc
             raise
-        with translated("claiming a batch"):
+        with self._statements("claiming a batch"):
             rows, taken, seen = claimed_rows(cursor.fetchall(), limit)
         self.frontier.absorb(asked, taken, seen)
         ids = [row.id for row in rows]
@@ -281,8 +371,26 @@ class ClaimStore:
             self.frontier.settle(ids, released=ids)
             raise
         if not claim.finished:
-            self.rollback()
+            self.release()
             self.frontier.settle(ids, released=ids)
+
+    def claim_shape(self, recheck: bool, late: bool) -> tuple[LiteralString, tuple[str, ...]]:
+        """claim_batch without the parts that have nothing to read this time.
+
+        With no row to recheck (or no transaction to look up), the part returns nothing
+        anyway, but the server still sets up its scans and the lists of what it left: at one
+        row per claim, that was a sixth of the claim's time (`make bench-versus`). Each shape
+        is a statement of its own, prepared on its own.
+        """
+        key = (recheck, late)
+        shape = self.claim_shapes.get(key)
+        if shape is None:
+            left_out = [
+                part for part, wanted in (("recheck", recheck), ("late", late)) if not wanted
+            ]
+            shape = sql.positional(sql.without(self.queries["claim_batch"], *left_out))
+            self.claim_shapes[key] = shape
+        return shape
 
     def _save_frontier_now_and_then(self, conn: psycopg.Connection[Any]) -> None:
         """Queue a save of the frontier in the claim's pipeline, every FRONTIER_SAVE_INTERVAL."""
@@ -296,6 +404,30 @@ class ClaimStore:
         state = Json(self.frontier.state())
         conn.execute(self.queries["save_frontier"], {"state": state, "max_version": SCHEMA_VERSION})
 
+    def release(self) -> None:
+        """End a claim that changed nothing (it found no rows, or its rows are let go
+        untouched): commit, which frees the row locks as a rollback would and keeps the
+        frontier save queued with the claim.
+
+        Not a rollback: psycopg forgets every statement it prepared on a connection that rolls
+        back (it cannot tell what the rollback undid), and the claim would be planned again
+        at each of its next executions, until prepared anew: a relay that found nothing after
+        a wake or a linger would do that at every wake. A transaction that failed is rolled
+        back (so are the rarer ends: an error, a ClaimWouldWait).
+        """
+        conn = self.conn
+        if conn is None or conn.closed:
+            return
+        if conn.info.transaction_status != pq.TransactionStatus.INTRANS:
+            self.rollback()
+            return
+        try:
+            conn.commit()
+        except psycopg.Error:
+            # As with a rollback: the server lets the rows go with the session, and the next
+            # statement on a broken connection says so.
+            self.rollback()
+
     def rollback(self) -> None:
         """Release every row of the open claim untouched."""
         if self.conn is not None and not self.conn.closed:
@@ -305,7 +437,7 @@ class ClaimStore:
     def finish(self, outcome: Outcome) -> None:
         """Apply a batch's outcome and commit, in one pipelined round trip."""
         conn = self._connection()
-        with translated("finalising a batch"), conn.pipeline():
+        with self._statements("finalising a batch"), conn.pipeline():
             if outcome.retry or outcome.dead:
                 conn.execute(self.queries["finalize_batch"], finalize_params(outcome))
             elif outcome.published:
@@ -318,7 +450,7 @@ class ClaimStore:
         params = {**self.frontier.params(), "max_version": SCHEMA_VERSION}
         # In a transaction of its own, with the claim's plan settings (they are local to it,
         # so safe behind a pooler); the row it may lock to test is let go at the commit.
-        with translated("peeking at the outbox"), conn.pipeline():
+        with self._statements("peeking at the outbox"), conn.pipeline():
             conn.execute(self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms})
             cursor = conn.execute(self.queries["peek"], params)
             conn.commit()
@@ -329,7 +461,7 @@ class ClaimStore:
     def send_probe(self, payload: str) -> None:
         """NOTIFY the LISTEN probe channel from this connection and commit (Listener.probe)."""
         conn = self._connection()
-        with translated("sending the LISTEN probe"):
+        with self._statements("sending the LISTEN probe"):
             conn.execute(self.queries["notify_probe"], {"payload": payload})
             conn.commit()
 
@@ -343,21 +475,37 @@ class ClaimStore:
         """
         conn = self._connection()
         params = {**self.frontier.params(with_held=True), **gauge_params()}
-        with translated("sampling queue gauges"):
+        with self._statements("sampling queue gauges"):
             try:
+                readable = self._dead_letters_readable(conn)
                 with conn.pipeline():
                     conn.execute(
                         self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
                     )
                     cursor = conn.execute(self.queries["queue_gauges"], params)
+                    letters = None
+                    if readable:
+                        limit = {"limit": params["limit"]}
+                        letters = conn.execute(self.queries["count_dead_letters"], limit)
                 row = cursor.fetchone()
+                dead_letters = None if letters is None else _count(letters.fetchone())
                 conn.commit()
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     raise  # translated into DatabaseUnavailable
+                self._refused(exc)
                 self.rollback()
                 raise GaugeUnavailable(f"sampling queue gauges: {exc}") from exc
-        return gauges_from(row)
+        return gauges_from(row, dead_letters=dead_letters)
+
+    def _dead_letters_readable(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether this role may count the dead letters: asked once per connection, so a role
+        without the grant (an older sql/relay_role.sql) loses that gauge, not the others."""
+        if self.dead_letters_readable is None:
+            row = conn.execute(self.queries["dead_letters_readable"]).fetchone()
+            conn.commit()
+            self.dead_letters_readable = bool(row and row[0])
+        return self.dead_letters_readable
 
     def record_sample(self, sample: Sample) -> None:
         """Write one dashboard sample (record_sample) and commit, in a transaction of its own.
@@ -366,13 +514,14 @@ class ClaimStore:
         privilege) raises GaugeUnavailable: a sample never costs the relay its connections.
         """
         conn = self._connection()
-        with translated("recording a sample"):
+        with self._statements("recording a sample"):
             try:
                 conn.execute(self.queries["record_sample"], sample_params(sample))
                 conn.commit()
             except psycopg.Error as exc:
                 if conn.broken or conn.closed:
                     raise  # translated into DatabaseUnavailable
+                self._refused(exc)
                 self.rollback()
                 raise GaugeUnavailable(f"recording a sample: {exc}") from exc
 
@@ -416,12 +565,12 @@ def claimed_rows(
         if part < 0:
             seen = Seen.from_json(limit, meta)
             continue
-        row = ClaimedRow(*values)
-        if row.id in ids:
+        row_id = values[0]
+        if row_id in ids:
             continue
-        ids.add(row.id)
-        rows.append(row)
-        taken.append(Taken(id=row.id, part=part, txid=int(txid), retry_after=retry_after))
+        ids.add(row_id)
+        rows.append(ClaimedRow(*values))
+        taken.append(Taken(row_id, part, int(txid), retry_after))
     if seen is None:  # pragma: no cover - claim_batch always ends with its part -1 row
         raise DatabaseUnavailable("claiming a batch: the claim query returned no summary row")
     return rows, taken, seen
@@ -432,9 +581,16 @@ def gauge_params() -> dict[str, int]:
     return {"limit": GAUGE_EXACT_LIMIT + 1, "window": GAUGE_EXACT_LIMIT}
 
 
-def gauges_from(row: Sequence[Any] | None) -> QueueGauges:
+def _count(row: Sequence[Any] | None) -> int:
+    return int(row[0]) if row else 0
+
+
+def gauges_from(row: Sequence[Any] | None, *, dead_letters: int | None = None) -> QueueGauges:
     """The gauges from a queue_gauges row: the exact count while it stays under the cap."""
-    counted, estimated, oldest, dead, kind, xids, seconds, pid, name = row or (0, *[None] * 8)
+    columns = row or (0, *[None] * 8)
+    counted, estimated, oldest, dead, kind, xids, seconds, pid, name, *counts = columns
+    # outbox_stats reads the vacuum columns alone, without the counts that follow them.
+    held, retrying, listening = counts or (0, 0, 0)
     depth = int(counted)
     if depth > GAUGE_EXACT_LIMIT:
         depth = max(depth, round(estimated or 0.0))
@@ -448,7 +604,14 @@ def gauges_from(row: Sequence[Any] | None) -> QueueGauges:
             name=name or "",
         )
     return QueueGauges(
-        depth=depth, oldest_seconds=float(oldest or 0.0), dead_rows=int(dead or 0), holder=holder
+        depth=depth,
+        oldest_seconds=float(oldest or 0.0),
+        dead_rows=int(dead or 0),
+        holder=holder,
+        held=int(held or 0),
+        retrying=int(retrying or 0),
+        dead_letters=dead_letters,
+        relays_listening=int(listening or 0),
     )
 
 

@@ -106,6 +106,9 @@ class TracingStore:
     def send_probe(self, payload: str) -> None:
         self.inner.send_probe(payload)
 
+    def session_proven(self) -> None:
+        self.inner.session_proven()
+
 
 class TracingPublisher:
     """A Publisher whose batches are recorded as `outbox.publish` spans, from the first write

@@ -282,3 +282,27 @@ def test_search_by_exact_task_id_and_filters(operator: Client) -> None:
     assert len(listed(task_name="tests.a")) == 2
     assert listed(retries="5+") == {wanted.id}
     assert listed(task_name="tests.a", retries="0") != listed(task_name="tests.a")
+
+
+def test_the_admin_index_links_to_the_dashboard_for_who_may_view_the_outbox(
+    viewer: Client,
+) -> None:
+    """The index and the app page show "Outbox dashboard" to staff who may view outbox
+    messages; following it reaches the dashboard."""
+    entry = reverse("admin:outbox_notify_outboxdashboard_changelist")
+    for page in (reverse("admin:index"), reverse("admin:app_list", args=["outbox_notify"])):
+        body = viewer.get(page).content.decode()
+        assert f'href="{entry}"' in body
+        assert "Outbox dashboard" in body
+    response = viewer.get(entry, follow=True)
+    assert response.redirect_chain == [(reverse("admin:outbox_notify_dashboard"), 302)]
+    assert response.status_code == 200
+    assert "Outbox dashboard" in response.content.decode()
+
+
+def test_the_dashboard_entry_is_hidden_from_who_may_not_view_the_outbox() -> None:
+    """Staff with only the dead letters' permission see no entry, and its URL refuses them."""
+    client = staff_client("view_deadletter")
+    entry = reverse("admin:outbox_notify_outboxdashboard_changelist")
+    assert entry not in client.get(reverse("admin:index")).content.decode()
+    assert client.get(entry).status_code == 403

@@ -13,11 +13,20 @@ statement's plan to the client as a NOTICE: so this is the claim as the relay ru
 
 from __future__ import annotations
 
-import pytest
-from django.db import connection
+from typing import Any
 
+import psycopg
+import pytest
+from django.db import connection, connections
+from psycopg import sql as pg_sql
+from structlog.testing import capture_logs
+
+from outbox_notify.exceptions import DatabaseUnavailable
+from outbox_notify.models import OutboxMessage
 from outbox_notify.relay import runner
-from outbox_notify.relay.store import ClaimStore
+from outbox_notify.relay.config import RelayConfig
+from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.store import PREPARE_THRESHOLD, ClaimStore, Outcome, Preparing
 
 ROWS = 5_000
 BATCH = 2_000
@@ -63,5 +72,224 @@ def test_a_claim_after_a_burst_on_an_empty_analysed_table_reads_only_its_indexes
         assert "Index Scan using outbox_notify_message_v1_scheduled_idx" in plan, plan
         for node in ("Seq Scan", "Bitmap", "Sort"):
             assert node not in plan, plan
+    finally:
+        store.close()
+
+
+def _insert(rows: int) -> None:
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO outbox_notify_message_v1"
+            " (task_id, task_name, args, kwargs, options, schema_version)"
+            " SELECT gen_random_uuid()::text, 'tests.add', '[1, 2]', '{}', '{}', 1"
+            " FROM generate_series(1, %s)",
+            [rows],
+        )
+
+
+def _prepared_claims(store: ClaimStore) -> int:
+    """Claim statements prepared on the claim connection (read on it, outside any claim)."""
+    assert store.conn is not None
+    row = store.conn.execute(
+        "SELECT count(*) FROM pg_prepared_statements"
+        " WHERE statement LIKE '%%outbox_notify_message_v1_%%' OR statement LIKE '%%AS part%%'"
+    ).fetchone()
+    store.conn.commit()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_finds_nothing_or_lets_its_rows_go_keeps_the_claim_prepared() -> None:
+    """psycopg drops every prepared statement of a connection that rolls back, and the claim
+    would be planned anew at its next executions (ClaimStore.release)."""
+    store = ClaimStore(
+        runner.connection_kwargs("default"), stale_timeout=30, preparing=Preparing(allowed=True)
+    )
+    store.connect()
+    store.session_proven()
+    try:
+        for _ in range(6):  # psycopg prepares a statement at its fifth execution
+            _insert(3)
+            with store.claim(10) as claim:
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        assert _prepared_claims(store) >= 1, (
+            list(store.conn._prepared._names) if store.conn else None
+        )
+        with store.claim(10) as claim:
+            assert claim.rows == []
+        assert _prepared_claims(store) >= 1, "an empty claim dropped the prepared claim"
+        _insert(2)
+        with store.claim(10) as claim:
+            let_go = [r.id for r in claim.rows]
+            assert len(let_go) == 2
+        assert _prepared_claims(store) >= 1, "letting rows go dropped the prepared claim"
+        # The rows let go are free at once, for another session too.
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT id FROM outbox_notify_message_v1 WHERE id = ANY(%s) FOR UPDATE SKIP LOCKED",
+                [let_go],
+            )
+            assert len(cur.fetchall()) == 2
+        with store.claim(10) as claim:
+            assert sorted(r.id for r in claim.rows) == sorted(let_go)
+            claim.finish(Outcome(published=let_go))
+        # A new connection may lead elsewhere: it prepares once its own probe went through.
+        store.connect()
+        assert store.conn is not None
+        assert store.conn.prepare_threshold is None
+        store.session_proven()
+        assert store.conn.prepare_threshold == PREPARE_THRESHOLD
+    finally:
+        store.close()
+
+
+def _claim_connection(relay: Relay) -> psycopg.Connection[Any]:
+    store = relay.store
+    store = getattr(store, "inner", store)  # under the tracing wrapper
+    assert isinstance(store, ClaimStore)
+    assert store.conn is not None
+    return store.conn
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("options", "listen", "prepares"),
+    [
+        ({}, True, True),
+        ({}, False, False),  # poll-only: nothing proves a session of its own
+        ({"prepare_threshold": None}, True, False),  # the alias's word
+        ({"prepare_threshold": 2}, True, True),
+    ],
+    ids=["listening", "polling", "OPTIONS say no", "OPTIONS say yes"],
+)
+def test_a_relay_prepares_its_claims_once_listen_proves_a_session_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], listen: bool, prepares: bool
+) -> None:
+    """Django turns prepared statements off for poolers' sake; the LISTEN probe, sent from
+    the claim connection, proves there is none, and the claim is then planned once."""
+    alias = connections["default"]
+    monkeypatch.setitem(
+        alias.settings_dict, "OPTIONS", {**alias.settings_dict["OPTIONS"], **options}
+    )
+    relay = runner.build_relay(RelayConfig(poll_only=not listen), listen=listen, wake_fd=None)
+    relay.ensure_connected()
+    try:
+        assert relay.polling is not listen
+        for _ in range(8):
+            _insert(2)
+            with relay.store.claim(10) as claim:
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        conn = _claim_connection(relay)
+        row = conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
+        ).fetchone()
+        conn.commit()
+        assert (row is not None and row[0] >= 1) is prepares
+    finally:
+        relay.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_listening_relay_plans_its_peek_once() -> None:
+    """The peek runs before every sleep: prepared, with its generic plan kept. Left to choose,
+    PostgreSQL found its custom plans cheaper and planned it at every peek."""
+    relay = runner.build_relay(RelayConfig(), listen=True, wake_fd=None)
+    relay.ensure_connected()
+    try:
+        listener = relay.listener
+        assert listener is not None
+        for n in range(12):
+            if n % 3 == 0:  # the frontier moves between peeks, as claims move it
+                _insert(1)
+                with relay.store.claim(10) as claim:
+                    claim.finish(Outcome(published=[r.id for r in claim.rows]))
+            listener.peek()
+        conn = listener._connection()
+        plans = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%Before sleeping%%'"
+        ).fetchall()
+        assert len(plans) == 1, plans
+        ((generic, custom),) = plans
+        assert custom == 0, plans
+        assert generic >= 1, plans
+    finally:
+        relay.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_statement_the_server_no_longer_knows_turns_preparing_off_for_good() -> None:
+    """What a transaction pooler that does not track prepared statements does to a relay the
+    LISTEN probe let prepare: the server refuses the statement. The claim fails as a database
+    outage (the relay reconnects), and the store prepares nothing from then on."""
+    store = ClaimStore(
+        runner.connection_kwargs("default"), stale_timeout=30, preparing=Preparing(allowed=True)
+    )
+    store.connect()
+    store.session_proven()
+    try:
+        for _ in range(6):
+            _insert(2)
+            with store.claim(10) as claim:
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        assert store.conn is not None
+        (name,) = store.conn.execute(
+            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
+        ).fetchone() or (None,)
+        assert name is not None
+        # DEALLOCATE of one name: psycopg does not notice (it drops its cache only on
+        # DEALLOCATE ALL), as it cannot notice another client's pooler reusing the session.
+        store.conn.execute(pg_sql.SQL("DEALLOCATE {}").format(pg_sql.Identifier(name)))
+        store.conn.commit()
+        _insert(2)
+        with capture_logs() as logs, pytest.raises(DatabaseUnavailable), store.claim(10):
+            pass
+        assert [e["event"] for e in logs] == ["outbox.prepared_statements_refused"]
+        store.connect()  # as the relay does after a DatabaseUnavailable
+        store.session_proven()  # its next probe goes through again
+        for _ in range(6):
+            with store.claim(10) as claim:
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        assert _prepared_claims(store) == 0
+        assert not OutboxMessage.objects.exists()
+    finally:
+        store.close()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("recheck", [False, True])
+@pytest.mark.parametrize("late", [False, True])
+def test_each_shape_of_the_claim_takes_what_its_parts_find(recheck: bool, late: bool) -> None:
+    """A claim leaves out the recheck and late parts while they have nothing to read; with
+    something to read, the part is in and finds its rows: a row behind the ready frontier,
+    known by id (recheck) or by its transaction (late)."""
+    store = ClaimStore(runner.connection_kwargs("default"), stale_timeout=30)
+    store.connect()
+    try:
+        _insert(3)
+        with store.claim(10) as claim:  # moves the ready frontier past these rows
+            claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        _insert(1)
+        behind = OutboxMessage.objects.order_by("-id").values_list("id", flat=True)[0]
+        with connection.cursor() as cur:
+            cur.execute("SELECT txid::text FROM outbox_notify_message_v1 WHERE id = %s", [behind])
+            found = cur.fetchone()
+        assert found is not None
+        txid = found[0]
+        # The row's position is behind the frontier from now on: only its part can find it.
+        store.frontier.ready = (int(txid) + 1, 0)
+        if recheck:
+            store.frontier.recheck = {behind}
+        if late:
+            store.frontier.late = {int(txid)}
+        store.claim_shapes.clear()
+        with store.claim(10) as claim:
+            taken = [r.id for r in claim.rows]
+            claim.finish(Outcome(published=taken))
+        assert list(store.claim_shapes) == [(recheck, late)]
+        assert taken == ([behind] if recheck or late else [])
+        # Each part read to its end: the row and its transaction are not looked up again.
+        assert behind not in store.frontier.recheck
+        assert int(txid) not in store.frontier.late
     finally:
         store.close()

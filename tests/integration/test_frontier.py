@@ -142,6 +142,24 @@ def test_a_full_claim_reads_about_the_rows_it_claims_not_the_backlog_behind_them
     assert mid_backlog < 600, mid_backlog
 
 
+def test_a_full_claim_reads_as_much_with_50000_rows_ahead_as_with_500(new_store: Any) -> None:
+    """The rows a full claim left behind are looked for between the frontier and its last row
+    taken. Bounded by two row comparisons, that index scan did not stop at the last row: it
+    read the index to its end, every row still ahead of the claim, at every claim of a drain."""
+    relay = new_store()
+    with _connect() as writer:
+        _insert(writer, 50_000)  # one transaction: one txid for the whole backlog
+    with relay.claim(100) as claim:
+        claim.finish(Outcome(published=[row.id for row in claim.rows]))
+    far = _claim_buffers(relay.frontier, limit=100)
+    for _ in range(98):  # 49,000 more published: 900 rows left ahead
+        with relay.claim(500) as claim:
+            claim.finish(Outcome(published=[row.id for row in claim.rows]))
+    near = _claim_buffers(relay.frontier, limit=100)
+    # Before: far read about 170 index pages more than near (the 49,000 rows' entries).
+    assert far < near * 1.3 + 10, (far, near)
+
+
 def test_a_full_claim_of_a_late_transaction_reads_about_the_rows_it_claims(
     new_store: Any,
 ) -> None:

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
 from outbox_notify.metrics_prometheus import PREFIX, STATS_GAUGES
+from outbox_notify.models import DeadLetter
 from tests.integration.test_relay import FAST, enqueue
 from tests.integration.test_relay_faults import terminate
 from tests.relay_support import RedisQueue, wait_for
@@ -82,6 +83,47 @@ def test_a_scrape_shows_what_the_relay_did(start_relay: Any, redis_queue: RedisQ
         what="the depth gauge to count the held rows",
     )
     assert get(base + "/healthz") == (200, "listening\n")
+
+
+RETRYING = (
+    "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+    " schema_version, retries, last_error, retry_after)"
+    " VALUES (%s, 'tests.add', '[]', '{}', '{}', 1, 2, 'boom', now() + interval '1 hour')"
+)
+
+
+def test_the_relay_serves_the_backlog_gauges_outbox_stats_writes(
+    start_relay: Any, redis_queue: RedisQueue
+) -> None:
+    """Due, held, retrying, dead letters and relays listening at the relay's /metrics, under
+    outbox_stats's names, counted from the real tables."""
+    enqueue(redis_queue.name, count=2, countdown=HELD)
+    with connection.cursor() as cursor:
+        for task_id in ("retrying-1", "retrying-2", "retrying-3"):
+            cursor.execute(RETRYING, [task_id])
+    DeadLetter.objects.create(
+        task_id="dead-1", task_name="tests.add", args=[], kwargs={}, options={}, failure_reason="x"
+    )
+    ids = enqueue(redis_queue.name, count=4)
+    relay = start_relay("--metrics-port", "0", *FAST)
+    base = f"http://127.0.0.1:{port_of(relay)}"
+    wait_for(lambda: set(ids) <= set(redis_queue.task_ids()), what="the publishes")
+    gauges = ("queue_depth_rows", "queue_due_rows", "queue_held_rows", "queue_retrying_rows")
+    gauges += ("dead_letters_rows", "relays_listening")
+    # The gauges are read after a drain: wait for a read that saw the four published.
+    got = wait_for(
+        lambda: (s := scrape(base)).get((PREFIX + "queue_depth_rows", ())) == 5 and s,
+        what="the depth gauge to count the held and retrying rows",
+        context=relay.output,
+    )
+    assert {name: got.get((PREFIX + name, ())) for name in gauges} == {
+        "queue_depth_rows": 5,
+        "queue_due_rows": 0,
+        "queue_held_rows": 2,
+        "queue_retrying_rows": 3,
+        "dead_letters_rows": 1,
+        "relays_listening": 1,
+    }
 
 
 def test_healthz_is_503_while_postgresql_cannot_be_reached(

@@ -189,7 +189,15 @@ def test_a_long_writer_transaction_does_not_make_relays_spin(
     statement per --lock-wait on their LISTEN connections, and must still publish the
     writer's row once it commits, long before their 30 s sweep would.
     """
-    args = ("--sweep-interval", "30", "--stale-timeout", "60", "--lock-wait", "0.05")
+    # One-row batches: the relay asleep with the lock keeps it through the wake only until
+    # its first full batch (BatchDrain.run), so the lock is free for the rest of the burst's
+    # drain unless the other relay took all of it first. With 100-row batches the other relay
+    # could take the whole burst before the holder's first claim, and the lock stayed with the
+    # relay that found nothing, asleep again.
+    args = (
+        *("--sweep-interval", "30", "--stale-timeout", "60", "--lock-wait", "0.05"),
+        *("--batch-size", "1"),
+    )
     relays = [start_relay(*args) for _ in range(2)]
     for relay in relays:
         ready(relay)
@@ -205,6 +213,9 @@ def test_a_long_writer_transaction_does_not_make_relays_spin(
                     ).fetchone()[0],
                     interval=0.001,
                     what="the wake lock free (both relays draining)",
+                    context=lambda: "".join(
+                        f"--- relay {n} ---\n{relay.output()}" for n, relay in enumerate(relays)
+                    ),
                 )
             [task_id] = [add.apply_async((7, 7), queue=redis_queue.name).id]
             wait_for(

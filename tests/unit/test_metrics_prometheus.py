@@ -74,6 +74,8 @@ def test_every_method_moves_its_metric(served: tuple[PrometheusMetrics, str]) ->
     sink.lag(0.21)
     sink.queue(42, 7.5)
     sink.vacuum(1000, 12.0)
+    sink.backlog(30, 8, 4, 2)
+    sink.relays(3)
     status, body = get(base + "/metrics")
     assert status == 200
     got = samples(body)
@@ -92,11 +94,35 @@ def test_every_method_moves_its_metric(served: tuple[PrometheusMetrics, str]) ->
     assert got[(PREFIX + "queue_oldest_seconds", ())] == 7.5
     assert got[(PREFIX + "table_dead_rows", ())] == 1000
     assert got[(PREFIX + "table_oldest_snapshot_seconds", ())] == 12.0
+    assert got[(PREFIX + "queue_due_rows", ())] == 30
+    assert got[(PREFIX + "queue_held_rows", ())] == 8
+    assert got[(PREFIX + "queue_retrying_rows", ())] == 4
+    assert got[(PREFIX + "dead_letters_rows", ())] == 2
+    assert got[(PREFIX + "relays_listening", ())] == 3
+
+
+def test_backlog_gauges_are_absent_until_read() -> None:
+    """Before the relay's first read, and for dead letters its role may not count, no series:
+    an alert must not take a 0 for the truth."""
+    sink = PrometheusMetrics()
+    names = {
+        s.name
+        for f in text_string_to_metric_families(sink.exposition().decode())
+        for s in f.samples
+    }
+    assert PREFIX + "queue_held_rows" not in names
+    sink.backlog(1, 2, 3, None)
+    got = samples(sink.exposition().decode())
+    assert got[(PREFIX + "queue_held_rows", ())] == 2
+    assert (PREFIX + "dead_letters_rows", ()) not in got
 
 
 def test_the_names_table_is_what_the_registry_serves() -> None:
     """RELAY_METRICS (what the docs are checked against) lists exactly the served families."""
-    text = PrometheusMetrics().exposition().decode()
+    sink = PrometheusMetrics()
+    sink.backlog(0, 0, 0, 0)  # the backlog gauges show once the relay has read them
+    sink.relays(0)
+    text = sink.exposition().decode()
     # prometheus_client adds a `_created` timestamp beside each counter and histogram.
     families = {
         f.name: f.type

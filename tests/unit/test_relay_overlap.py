@@ -80,6 +80,8 @@ class SharedStore:
 
     def send_probe(self, payload: str) -> None: ...
 
+    def session_proven(self) -> None: ...
+
 
 class _Claim(InMemoryClaim):
     def __init__(self, store: SharedStore, rows: list[ClaimedRow], number: int) -> None:

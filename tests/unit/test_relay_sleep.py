@@ -8,11 +8,18 @@ from typing import Any
 
 import pytest
 
-from outbox_notify.fakes import FakeClock, FakeListener, InMemoryStore, publishes_all
+from outbox_notify.fakes import (
+    FakeClock,
+    FakeListener,
+    InMemoryStore,
+    ScriptedPublisher,
+    publishes_all,
+)
 from outbox_notify.fakes import claimed_row as row
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.listener import LockState, Outwait, Wake
 from outbox_notify.relay.loop import Relay
+from outbox_notify.relay.publisher import Attempt, Result
 
 SWEEP = 2.0  # seconds: the relay's --sweep-interval in these tests
 LOCK_WAIT = 0.05  # seconds: its --lock-wait
@@ -41,6 +48,12 @@ def fake(relay: Relay) -> FakeListener:
     return relay.listener
 
 
+def published(relay: Relay) -> list[Any]:
+    """The messages the relay's publisher was handed, in order."""
+    assert isinstance(relay.publisher, ScriptedPublisher)
+    return relay.publisher.messages
+
+
 def store(relay: Relay) -> InMemoryStore:
     assert isinstance(relay.store, InMemoryStore)
     return relay.store
@@ -61,6 +74,16 @@ def after(relay: Relay, seconds: float, then: Callable[[], None]) -> None:
     listener.on_statement = hook
 
 
+def silent_after_peek(listener: FakeListener, seconds: float) -> None:
+    """The LISTEN connection says nothing for `seconds` after each peek (a long sleep)."""
+
+    def hook(name: str) -> None:
+        if name == "peek":
+            listener.clock.now += seconds
+
+    listener.on_statement = hook
+
+
 def stop_after(relay: Relay, seconds: float) -> None:
     """Request a stop (as SIGTERM would) `seconds` into the sleep."""
     after(relay, seconds, relay.request_stop)
@@ -69,12 +92,117 @@ def stop_after(relay: Relay, seconds: float) -> None:
 # -- the lock is held: this relay sleeps -------------------------------------------------
 
 
-def test_held_and_notified_releases_the_lock_and_returns_to_drain() -> None:
-    """Asleep with the lock, a notification ends the sleep and gives the lock back."""
+def test_held_and_notified_keeps_the_lock_and_returns_to_drain() -> None:
+    """Asleep with the lock, a notification ends the sleep; the lock is kept for the drain."""
     relay = sleeper({"waits": [Wake.NOTIFIED]})
     relay.sleep_until_work()
+    assert fake(relay).released == 0
+    assert fake(relay).holds_lock
+    assert [n for _, n in fake(relay).statements] == ["take_lock", "peek"]
+
+
+def test_a_short_drain_after_a_wake_sleeps_again_without_releasing_or_taking_the_lock() -> None:
+    """Woken for one row: claim it, then peek and sleep on the lock still held (two statements
+    fewer per wake than releasing it on waking and taking it again after the drain)."""
+    relay = sleeper({"waits": [Wake.NOTIFIED, Wake.SIGNAL]})
+    listener = fake(relay)
+    relay.sleep_until_work()  # woken by the notification, lock kept
+    store(relay).rows.append(row(1))
+    relay.cycle()  # drains the row, then sleeps again until the signal
+    assert [m.row.id for m in published(relay)] == [1]
+    assert [n for _, n in listener.statements] == ["take_lock", "peek", "peek", "release_lock"]
+    assert listener.named("take_lock") == 1
+
+
+@pytest.mark.parametrize("rows", [Relay.LINGER_THRESHOLD, 150])
+def test_a_busy_drain_after_a_wake_lets_go_of_the_lock(rows: int) -> None:
+    """A drain that finds enough rows to linger (or a full batch: a backlog) releases the lock
+    kept from the wake, so writers stop notifying while the relay is busy."""
+    relay = sleeper({"waits": [Wake.NOTIFIED]})
+    listener = fake(relay)
+    relay.sleep_until_work()
+    released_at: list[int] = []
+    original = listener.release_lock
+
+    def release() -> None:
+        released_at.append(len(published(relay)))
+        original()
+
+    listener.release_lock = release  # type: ignore[method-assign]
+    store(relay).rows.extend(row(n) for n in range(1, rows + 1))
+    relay.cycle()
+    assert not listener.holds_lock
+    assert listener.released == 1
+    if rows > relay.config.batch_size:
+        assert released_at[0] == relay.config.batch_size  # after the first full batch
+    else:
+        assert released_at[0] == rows  # after the drain, before lingering
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+def test_a_wake_after_a_long_silence_keeps_the_lock_only_without_an_idle_session_timeout(
+    bounded: bool,
+) -> None:
+    """On PostgreSQL 14+ the session holding the lock ends after --stale-timeout of silence.
+    Woken after a long sleep, a drain that publishes up to its budget could outlast it: the
+    relay then lets go of the lock at once (without the timeout it keeps it)."""
+    relay = sleeper({"waits": [Wake.NOTIFIED], "bounded": bounded})
+    listener = fake(relay)
+    silent_after_peek(listener, relay.config.stale_timeout - relay.config.publish_budget)
+    relay.sleep_until_work()
+    assert listener.holds_lock is not bounded
+    assert listener.released == (1 if bounded else 0)
+
+
+def test_a_wake_soon_after_the_last_statement_keeps_the_lock_with_the_timeout() -> None:
+    """Just under the margin the lock is kept: the guard costs nothing at the rates it is for."""
+    relay = sleeper({"waits": [Wake.NOTIFIED]})
+    listener = fake(relay)
+    margin = (relay.config.stale_timeout - relay.config.publish_budget) / 2
+    silent_after_peek(listener, margin - 0.01)
+    relay.sleep_until_work()
+    assert listener.holds_lock
+
+
+def test_an_outage_after_a_wake_lets_go_of_the_lock() -> None:
+    """The broker refuses the drain's batch: the relay lets go before its cooldown."""
+    relay = sleeper({"waits": [Wake.NOTIFIED]})
+    relay.publisher = ScriptedPublisher(lambda m: Attempt(Result.OUTAGE, "broker down"))
+    relay.sleep_until_work()
+    store(relay).rows.append(row(1))
+    relay.cycle()
+    assert not fake(relay).holds_lock
     assert fake(relay).released == 1
-    assert [n for _, n in fake(relay).statements] == ["take_lock", "peek", "release_lock"]
+
+
+def test_a_stop_after_a_wake_lets_go_of_the_lock() -> None:
+    """A stop requested while the lock is kept: the next cycle lets go and claims nothing."""
+    relay = sleeper({"waits": [Wake.NOTIFIED]})
+    relay.sleep_until_work()
+    relay.request_stop()
+    relay.cycle()
+    assert not fake(relay).holds_lock
+    assert store(relay).claims == 0
+
+
+def test_an_overlapped_drain_lets_go_of_the_lock_before_claiming() -> None:
+    """A publisher with batches in flight (RabbitMQ's confirms) never drains briefly."""
+    relay = sleeper({"waits": [Wake.NOTIFIED]})
+    relay.sleep_until_work()
+    relay.spare_store = InMemoryStore([])
+    relay.publisher.overlapping = True  # type: ignore[attr-defined]
+    claims_at_release: list[int] = []
+    listener = fake(relay)
+    original = listener.release_lock
+
+    def release() -> None:
+        claims_at_release.append(store(relay).claims)
+        original()
+
+    listener.release_lock = release  # type: ignore[method-assign]
+    relay.drain()
+    assert claims_at_release[:1] == [0]
+    assert not listener.holds_lock
 
 
 def test_held_timer_keeps_the_lock_and_peeks_once_per_sweep_interval() -> None:
@@ -100,7 +228,8 @@ def test_held_with_a_row_already_committed_never_waits() -> None:
     """The peek after taking the lock finds a row that committed before: drain at once."""
     relay = sleeper(rows=1)
     relay.sleep_until_work()
-    assert [n for _, n in fake(relay).statements] == ["take_lock", "peek", "release_lock"]
+    assert [n for _, n in fake(relay).statements] == ["take_lock", "peek"]
+    assert fake(relay).holds_lock  # kept for the drain
     assert fake(relay).clock.now == 1000.0
 
 
@@ -135,7 +264,8 @@ def test_writers_commit_hands_over_the_lock_and_their_rows_are_drained_at_once()
     listener.on_statement = commit
     relay.sleep_until_work()
     names = [n for _, n in listener.statements]
-    assert names[-3:] == ["await_writers", "peek", "release_lock"]  # nothing in between
+    assert names[-2:] == ["await_writers", "peek"]  # nothing in between
+    assert listener.holds_lock  # kept for the drain of the writer's row
     assert store(relay).claims == 0  # never re-drained while waiting
 
 

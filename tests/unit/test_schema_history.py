@@ -53,6 +53,7 @@ RELEASED = {
     "sql/migrations/0006_samples.sql": "abd6ecead3c9387e1e181a050b165217add15ae615fcc93682050bf91788ea30",
     "sql/migrations/0006_samples.reverse.sql": "40482c4f181da810f5041f23d78044593009ae7a8737319c32363054b0663993",
     "outbox_notify/migrations/0006_samples.py": "9fb0d71faa2cf7a7b1551e01ba0c9455a38f0d8e6b571c76cc221ac8c6a3de53",
+    "outbox_notify/migrations/0007_dashboard_entry.py": "f8575e40c8cc6e4805fe3b42d5abf48151a9b4dd9eab24dc711d974f1eab081d",
 }
 
 EDITED = (

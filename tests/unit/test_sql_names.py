@@ -269,3 +269,43 @@ def test_no_formatted_sql_reaches_a_cursor() -> None:
         and _formats(node.args[0])
     ]
     assert offenders == []
+
+
+def test_positional_numbers_each_name_once_in_order_of_first_use() -> None:
+    text, names = sql.positional("SELECT %(b)s, %(a)s, %(b)s::int, '100%%' -- %(c)s\n")
+    assert text == "SELECT $1, $2, $1::int, '100%' -- $3\n"
+    assert names == ("b", "a", "c")
+
+
+def test_the_claim_in_positional_form_takes_every_parameter_the_relay_gives() -> None:
+    """The relay fills the claim's `$n` from the frontier's parameters and the claim's own."""
+    from outbox_notify.relay.frontier import Frontier
+
+    text, names = sql.positional(sql.queries()["claim_batch"])
+    given = {**Frontier().params(), "limit": 1, "max_version": 1}
+    assert set(names) == set(given)
+    assert "%(" not in text
+    assert f"${len(names)}" in text
+
+
+def test_without_leaves_out_the_marked_parts_and_nothing_else() -> None:
+    """The claim's recheck and late parts come out whole, with their lists and parameters."""
+    claim = sql.queries()["claim_batch"]
+    assert sql.without(claim) == claim
+    lean = sql.without(claim, "recheck", "late")
+    for gone in ("AS rechecked", "AS late_ready", "AS late_due", "'recheck_left'", "'late_left'"):
+        assert gone in claim
+        assert gone not in lean
+    for kept in ("AS ready", "AS fresh", "FROM due", "'due_left'", "'ready_left'"):
+        assert kept in lean
+    _, names = sql.positional(lean)
+    assert "recheck" not in names
+    assert "late" not in names
+    _, names = sql.positional(sql.without(claim, "late"))
+    assert "recheck" in names
+    assert "late" not in names
+
+
+def test_without_refuses_a_part_the_query_does_not_mark() -> None:
+    with pytest.raises(ValueError, match="no optional part"):
+        sql.without(sql.queries()["claim_batch"], "recheck", "held")
