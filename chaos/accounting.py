@@ -220,7 +220,8 @@ def count(
     back but run.
 
     `journal`: ids the relays reported published; `published`: copies the broker stored per
-    id (Redis: LPUSHes per MONITOR; RabbitMQ: first deliveries per its firehose); `taken`: ids
+    id (Redis: distinct delivery tags per MONITOR and the lists at a restart; RabbitMQ: first
+    deliveries per its firehose); `taken`: ids
     a worker took (Redis: into its unacknowledged set; RabbitMQ: delivered); `dead`: ids in
     the dead-letter table; `redelivered`: ids the broker handed out again (Redis: kombu put
     them back after the visibility timeout; RabbitMQ: delivered with a redelivered count);
@@ -269,7 +270,10 @@ def count(
         "duplicates_republished": sum(1 for tid in committed if published[tid] > 1),
         "duplicates_redelivered": len(again - republished),
         "duplicates_untraced": len(set(dup_ids) - republished - again),
-        "duplicates_untraced_sample": sorted(set(dup_ids) - republished - again)[:10],
+        "duplicates_untraced_sample": [
+            {**_duplicate(tid, done[tid], published), "in_journal": tid in journal}
+            for tid in sorted(set(dup_ids) - republished - again)[:10]
+        ],
         "rolled_back": len(tally.rolled_back),
         "aborted_by_errors": len(tally.aborted),
         "rolled_back_executed": len(never & set(done)),
@@ -302,7 +306,7 @@ def _duplicate(task_id: str, execution: Execution, published: Counter[str]) -> d
         "task_id": task_id,
         "executions": execution.deliveries,
         "redelivered": execution.redeliveries,
-        "stored_copies": published[task_id],  # Redis: LPUSHes; RabbitMQ: first deliveries
+        "stored_copies": published[task_id],  # Redis: delivery tags; RabbitMQ: first deliveries
     }
 
 

@@ -148,7 +148,7 @@ def stop_broker(lab: Lab, duration: float) -> Window:
     lab.event("redis stopped (SIGTERM, saving)")
     time.sleep(duration)
     lab.broker.start()
-    lab.event(f"redis started; {_restore_lock(lab)}")
+    lab.event(f"redis started ({lab.broker.opened_note}); {_restore_lock(lab)}")
     return start, time.time()
 
 

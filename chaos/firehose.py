@@ -2,8 +2,9 @@
 
 The node copies every publish it receives (`publish.<exchange>`) and every delivery it makes
 (`deliver.<queue>`, with a `redelivered` count) to the `amq.rabbitmq.trace` exchange. A
-durable queue bound to both collects them; this thread consumes it with acknowledgements, so
-a connection the faults close (or a node restart) loses no trace it had not yet read.
+quorum queue (it keeps even these transient copies through a restart) bound to both collects
+them; this thread consumes it with acknowledgements, so a connection the faults close (or a
+node restart) loses no trace it had not yet read.
 
 - received: publishes per task id (copies the node was handed, refused ones included: a
   queue at its length limit with `reject-publish` refuses a message after it was traced);
@@ -63,7 +64,12 @@ class FirehoseWatch(threading.Thread):
         conn = self.rabbit.connect()
         try:
             channel = conn.channel()
-            channel.queue_declare(TRACE_QUEUE, durable=True, auto_delete=False)
+            # A quorum queue: the firehose's copies are transient messages, which a classic
+            # queue drops at a node restart (traces made just before a stop, not yet read).
+            channel.queue_declare(
+                TRACE_QUEUE, durable=True, auto_delete=False,
+                arguments={"x-queue-type": "quorum"},
+            )  # fmt: skip
             for key in ("publish.#", "deliver.#"):
                 channel.queue_bind(TRACE_QUEUE, TRACE_EXCHANGE, key)
             channel.basic_qos(0, 1000, False)

@@ -12,10 +12,11 @@ import dataclasses
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -84,14 +85,24 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A redis-server subprocess on a free port, with no persistence except on our stop."""
+    """A redis-server subprocess on a free port, with no persistence except on our stop.
+
+    It also listens on a Unix socket, from boot: the run's MONITOR (chaos.brokerwatch) uses
+    it. start() opens the TCP port only after `before_open` ran, so after a restart the
+    MONITOR is back before any relay or worker can send a command (no gap in what it sees).
+    """
 
     def __init__(self, log_path: Path) -> None:
         self.port = pgserver.free_port()
         self.password = "redis-" + secrets.token_hex(8)
         self.workdir = Path(tempfile.mkdtemp(prefix="outbox-notify-redis-"))
+        self.socket_path = str(self.workdir / "redis.sock")
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        # Called once the server answers on its socket, before its TCP port opens; what it
+        # returns is kept in `opened_note` for the scenario's events.
+        self.before_open: Callable[[], str] | None = None
+        self.opened_note = ""
 
     def url(self, db: int = 0) -> str:
         """Broker URL, password included."""
@@ -107,11 +118,18 @@ class PrivateRedis:
             socket_connect_timeout=2,
         )
 
+    def local(self, *command: str | int) -> Any:
+        """One command on the Unix socket (answers before the TCP port is open)."""
+        return unix_command(self.socket_path, self.password, *command)
+
     def start(self) -> None:
-        """Start the server (loading what stop() saved) and wait until it answers PING."""
+        """Start the server (loading what stop() saved), wait until it answers PING on its
+        socket, run `before_open`, then open the TCP port."""
         argv = [
             "redis-server",
-            "--port", str(self.port),
+            "--port", "0",  # opened by CONFIG SET below
+            "--unixsocket", self.socket_path,
+            "--unixsocketperm", "700",
             "--bind", "127.0.0.1",
             "--save", "",
             "--appendonly", "no",
@@ -128,18 +146,24 @@ class PrivateRedis:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-            with contextlib.suppress(redis.RedisError):
-                if self.client().ping():
-                    return
+            with contextlib.suppress(OSError, RespError):
+                if self.local("PING") == b"PONG":
+                    break
             time.sleep(POLL)
-        raise RuntimeError(f"redis-server did not answer within {REDIS_START_TIMEOUT}s")
+        else:
+            raise RuntimeError(f"redis-server did not answer within {REDIS_START_TIMEOUT}s")
+        if self.before_open is not None:
+            self.opened_note = self.before_open()
+        self.local("CONFIG", "SET", "port", self.port)
 
     def stop(self) -> None:
         """SIGTERM, which (--shutdown-on-sigterm save) refuses clients, saves, and exits.
 
         What the broker had accepted survives the restart, as it would on a durable broker;
         the fault under test is the relay's view (nothing answers for a while), not a broker
-        that forgets messages it acknowledged.
+        that forgets messages it acknowledged. The replies to the last commands it ran, and
+        their MONITOR lines, may never be sent: a relay then publishes again what the saved
+        lists already hold (chaos.brokerwatch counts those copies from the lists).
         """
         if self.proc is not None:
             stop_process(self.proc, REDIS_STOP_TIMEOUT)
@@ -151,6 +175,50 @@ class PrivateRedis:
             proc.send_signal(signal.SIGCONT)  # a broker frozen by a fault must hear the TERM
             stop_process(proc, REDIS_STOP_TIMEOUT)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class RespError(Exception):
+    """An error reply of redis-server."""
+
+
+def unix_command(path: str, password: str, *command: str | int) -> Any:
+    """AUTH, then `command`, on redis-server's Unix socket; the command's reply (bytes, int,
+    list or None). redis-py is not used: its 4.5 releases cannot open a Unix socket."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(_encode("AUTH", password) + _encode(*command))
+        reader = sock.makefile("rb")
+        _reply(reader)
+        return _reply(reader)
+
+
+def _encode(*parts: str | int) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        data = str(part).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _reply(reader: Any) -> Any:
+    line = reader.readline()
+    if not line.endswith(b"\r\n"):
+        raise OSError("redis-server closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise RespError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        return None if size < 0 else reader.read(size + 2)[:-2]
+    if kind == b"*":
+        size = int(rest)
+        return None if size < 0 else [_reply(reader) for _ in range(size)]
+    raise OSError(f"unexpected reply from redis-server: {line[:40]!r}")
 
 
 @contextlib.contextmanager

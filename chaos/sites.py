@@ -49,7 +49,8 @@ class RedisSite:
 
     def __init__(self, server: PrivateRedis, queue: str) -> None:
         self.server = server
-        self.watch = brokerwatch.BrokerWatch(server.port, server.password, queue)
+        self.watch = brokerwatch.BrokerWatch(server.socket_path, server.password, queue)
+        server.before_open = self.watch.catch_up  # a restart: no gap in what MONITOR sees
 
     def url(self) -> str:
         return self.server.url()
@@ -65,7 +66,7 @@ class RedisSite:
         self.watch.stop()
 
     def snapshot(self) -> tuple[Counter[str], set[str]]:
-        """(LPUSHes of new messages per task id, task ids a worker took unacknowledged)."""
+        """(copies stored per task id, task ids a worker took unacknowledged)."""
         return self.watch.snapshot()
 
     def received(self) -> Counter[str]:
