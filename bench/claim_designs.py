@@ -41,7 +41,7 @@ from psycopg import sql as pgsql
 from devtools import pgserver
 from outbox_notify import sql as queries_sql
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.store import claimed_rows
+from outbox_notify.relay.store import claim_text, claimed_rows
 from outbox_notify.serialization import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,16 +251,15 @@ class FrontierDesign(Design):
         super().__init__(dsn)
         self.frontier = Frontier()
         self.query = queries_sql.queries()["claim_batch"]
-        self.shapes: dict[tuple[str, ...], LiteralString] = {}
+        self.shapes: dict[tuple[bool, bool], LiteralString] = {}
 
     def claim(self, limit: int) -> list[int]:
         asked = self.frontier.params()
-        # The shape the relay runs (ClaimStore.claim_shape): without the parts that have
-        # nothing to read this time.
-        left_out = tuple(part for part in ("recheck", "late") if not asked[part])
-        query = self.shapes.get(left_out)
+        # The shape the relay runs: without the parts that have nothing to read this time.
+        key = (bool(asked["recheck"]), bool(asked["late"]))
+        query = self.shapes.get(key)
         if query is None:
-            query = self.shapes[left_out] = queries_sql.without(self.query, *left_out)
+            query = self.shapes[key] = claim_text(self.query, *key)
         records = self.conn.execute(
             query, {**asked, "limit": limit, "max_version": SCHEMA_VERSION}
         ).fetchall()

@@ -212,6 +212,18 @@ def translated(what: str) -> Iterator[None]:
         raise DatabaseUnavailable(f"{what}: {exc}") from exc
 
 
+def claim_text(claim_batch: LiteralString, recheck: bool, late: bool) -> LiteralString:
+    """claim_batch without the parts that have nothing to read this time.
+
+    With no row to recheck (or no transaction to look up), the part returns nothing anyway,
+    but the server still sets up its scans and the lists of what it left: at one row per
+    claim, that was a sixth of the claim's time (`make bench-versus`). bench.claim_designs
+    times the same shapes.
+    """
+    left_out = [part for part, wanted in (("recheck", recheck), ("late", late)) if not wanted]
+    return sql.without(claim_batch, *left_out)
+
+
 class ClaimStore:
     """Owns the claim connection and runs the relay's claim-side queries on it."""
 
@@ -375,20 +387,12 @@ class ClaimStore:
             self.frontier.settle(ids, released=ids)
 
     def claim_shape(self, recheck: bool, late: bool) -> tuple[LiteralString, tuple[str, ...]]:
-        """claim_batch without the parts that have nothing to read this time.
-
-        With no row to recheck (or no transaction to look up), the part returns nothing
-        anyway, but the server still sets up its scans and the lists of what it left: at one
-        row per claim, that was a sixth of the claim's time (`make bench-versus`). Each shape
-        is a statement of its own, prepared on its own.
-        """
+        """claim_text's shape in `$1` parameters, converted once per shape. Each shape is a
+        statement of its own, prepared on its own."""
         key = (recheck, late)
         shape = self.claim_shapes.get(key)
         if shape is None:
-            left_out = [
-                part for part, wanted in (("recheck", recheck), ("late", late)) if not wanted
-            ]
-            shape = sql.positional(sql.without(self.queries["claim_batch"], *left_out))
+            shape = sql.positional(claim_text(self.queries["claim_batch"], recheck, late))
             self.claim_shapes[key] = shape
         return shape
 
