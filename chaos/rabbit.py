@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import tempfile
-import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from devtools import rabbitserver
-from devtools.pgserver import free_port
 
 VHOST = "/"
 TRACE_CONFIG = '[{rabbit, [{trace_vhosts, [<<"/">>]}]}].\n'
@@ -92,16 +89,13 @@ def _keep_log(node: TracedRabbit, log_dir: Path) -> None:
 
 def start(log_dir: Path) -> ChaosRabbit:
     """A fresh traced node on free ports with a user of the run's own; destroy() it after."""
-    base = Path(tempfile.mkdtemp(prefix="outbox-notify-chaos-rabbit-"))
-    base.chmod(0o755)
-    node = TracedRabbit(
-        base=base,
-        port=free_port(),
-        dist_port=free_port(),
-        node=f"chaos{uuid.uuid4().hex[:10]}@localhost",
-    )
+    node = rabbitserver.start(
+        TracedRabbit,
+        name="chaos",
+        folder="outbox-notify-chaos-rabbit-",
+        on_failure=lambda failed: _keep_log(failed, log_dir),
+    )  # a node that stops while booting is replaced (devtools.rabbitserver.START_ATTEMPTS)
     try:
-        node.start()
         user, password = "chaos", "rabbit-" + secrets.token_hex(8)
         node.ctl("add_user", user, password)
         node.ctl("set_permissions", "-p", VHOST, user, ".*", ".*", ".*")

@@ -18,9 +18,10 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from devtools.pgserver import free_port
 from devtools.process import stop_process
@@ -277,31 +278,43 @@ class PrivateRabbit:
 START_ATTEMPTS = 3
 
 
-def start() -> PrivateRabbit:
-    """A fresh node on free ports; the caller must destroy() it.
+R = TypeVar("R", bound=PrivateRabbit)
+
+
+def start(
+    kind: type[R] = PrivateRabbit,  # type: ignore[assignment]
+    *,
+    name: str = "outbox",
+    folder: str = "outbox-notify-rabbit-",
+    on_failure: Callable[[R], None] | None = None,
+) -> R:
+    """A fresh node of `kind` on free ports, named `name` and a random suffix, its files in
+    a new temporary folder starting with `folder`; the caller must destroy() it.
 
     A node that stops on its own while booting (a port taken meanwhile, a slow machine) is
-    replaced by another on other ports, up to START_ATTEMPTS times.
+    replaced by another on other ports, up to START_ATTEMPTS times; `on_failure` sees each
+    failed node before it is destroyed (to keep its log).
     """
     failures: list[str] = []
     for _ in range(START_ATTEMPTS):
-        base = Path(tempfile.mkdtemp(prefix="outbox-notify-rabbit-"))
+        base = Path(tempfile.mkdtemp(prefix=folder))
         base.chmod(0o755)
-        server = PrivateRabbit(
+        server = kind(
             base=base,
             port=free_port(),
             dist_port=free_port(),
-            node=f"outbox{uuid.uuid4().hex[:10]}@localhost",
+            node=f"{name}{uuid.uuid4().hex[:10]}@localhost",
         )
         try:
             server.start()
-        except RuntimeError as exc:
+        except BaseException as exc:
+            if on_failure is not None:
+                on_failure(server)
             server.destroy()
+            if not isinstance(exc, RuntimeError):
+                raise
             failures.append(str(exc))
             continue
-        except BaseException:
-            server.destroy()
-            raise
         return server
     raise RuntimeError(
         f"no RabbitMQ node started in {START_ATTEMPTS} attempts:\n" + "\n\n".join(failures)
