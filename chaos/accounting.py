@@ -220,8 +220,9 @@ def count(
     back but run.
 
     `journal`: ids the relays reported published; `published`: copies the broker stored per
-    id (Redis: distinct delivery tags per MONITOR and the lists at a restart; RabbitMQ: first
-    deliveries per its firehose); `taken`: ids
+    id (Redis: distinct delivery tags, from what MONITOR saw pushed or taken and from the
+    lists and unacknowledged set at a restart; RabbitMQ: first deliveries per its firehose);
+    `taken`: ids
     a worker took (Redis: into its unacknowledged set; RabbitMQ: delivered); `dead`: ids in
     the dead-letter table; `redelivered`: ids the broker handed out again (Redis: kombu put
     them back after the visibility timeout; RabbitMQ: delivered with a redelivered count);

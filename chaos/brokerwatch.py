@@ -6,7 +6,8 @@ to the broker (the outbox's fault), or lost between the broker and the worker.
 
 Copies are told apart by their kombu delivery tag, a fresh uuid at every publish that a
 message put back (visibility timeout, worker shutdown, reject) keeps. A task id with two tags
-was published twice. MONITOR misses the commands a stopping server ran last (it exits before
+was published twice. (A client that sent the same LPUSH twice, a retry inside redis-py, would
+store two copies under one tag; neither the relays' nor the workers' clients retry commands.) MONITOR misses the commands a stopping server ran last (it exits before
 sending their lines, and their replies); the restarted server's lists hold what those
 commands stored, so `catch_up()`, run before the restarted server opens its TCP port, reads
 the lists and the unacknowledged set, and reattaches MONITOR before any client is back.
@@ -98,42 +99,57 @@ class BrokerWatch(threading.Thread):
             # One LPUSH may carry a whole batch of messages (kombu's pipelined publish).
             task_ids = [found.decode() for found in TASK_ID.findall(line)]
             tags = [found.decode() for found in DELIVERY_TAG.findall(line)]
+            restored = pushed and RESTORED.search(line) is not None
             with self.lock:
                 if len(tags) == len(task_ids):
                     for task_id, tag in zip(task_ids, tags, strict=True):
                         self.copies[task_id].add(tag)
-                else:  # not kombu's envelope: each push is a copy of its own
+                elif pushed and not restored:  # no kombu envelope: each publish is a copy
                     for task_id in task_ids:
-                        self.copies[task_id].add(f"line:{len(self.copies[task_id])}")
+                        self.copies[task_id].add(f"push:{len(self.copies[task_id])}")
                 if not pushed:
                     self.taken.update(task_ids)
-                elif RESTORED.search(line):
+                elif restored:
                     self.restored.update(task_ids)
 
     def catch_up(self) -> str:
         """Before a restarted server opens its port: count the copies its lists and its
         unacknowledged set hold (stored by commands MONITOR never showed), then wait until
-        MONITOR is attached again."""
-        sessions = self.sessions
-        envelopes = [
-            json.loads(raw)
-            for raw in unix_command(self.socket_path, self.password, "LRANGE", self.queue, 0, -1)
-        ]
-        for raw in unix_command(self.socket_path, self.password, "HVALS", UNACKED):
-            envelopes.append(json.loads(raw)[0])  # [message, exchange, routing key]
+        this server has a MONITOR client (the watch's, back), unless the watch has stopped."""
+        queued = unix_command(self.socket_path, self.password, "LRANGE", self.queue, 0, -1)
+        unacked = unix_command(self.socket_path, self.password, "HVALS", UNACKED)
+        # An unacknowledged entry is [message, exchange, routing key].
+        envelopes = [(json.loads(raw), False) for raw in queued]
+        envelopes += [(json.loads(raw)[0], True) for raw in unacked]
         unseen = 0
         with self.lock:
-            for envelope in envelopes:
+            for envelope, taken in envelopes:
                 task_id, tag = _identity(envelope)
-                if task_id is not None and tag is not None:
-                    unseen += tag not in self.copies[task_id]
-                    self.copies[task_id].add(tag)
+                if task_id is None or tag is None:
+                    continue
+                unseen += tag not in self.copies[task_id]
+                self.copies[task_id].add(tag)
+                if taken:
+                    self.taken.add(task_id)
+                elif _redelivered(envelope):
+                    self.restored[task_id] += 1
         deadline = time.monotonic() + CATCH_UP_TIMEOUT
-        while self.sessions == sessions:
+        # Asked of this server, not counted by the watch: its new session may have attached
+        # before this method began.
+        while self.is_alive() and not self.done.is_set() and not self._monitored():
             if time.monotonic() > deadline:
                 raise RuntimeError("MONITOR did not reattach to the restarted redis-server")
             time.sleep(0.02)
         return f"{len(envelopes)} messages kept, {unseen} of them never shown by MONITOR"
+
+    def _monitored(self) -> bool:
+        """Whether the server has a client in MONITOR mode (flag O in CLIENT LIST)."""
+        listed = unix_command(self.socket_path, self.password, "CLIENT", "LIST") or b""
+        return any(
+            field.startswith(b"flags=") and b"O" in field[6:]
+            for line in listed.splitlines()
+            for field in line.split()
+        )
 
     def stop(self) -> None:
         self.done.set()
@@ -145,6 +161,12 @@ class BrokerWatch(threading.Thread):
         """(copies per task id: distinct delivery tags, task ids a worker moved to `unacked`)."""
         with self.lock:
             return Counter({tid: len(tags) for tid, tags in self.copies.items()}), set(self.taken)
+
+
+def _redelivered(envelope: Any) -> bool:
+    """Whether kombu put this envelope back (it marks its headers)."""
+    headers = envelope.get("headers") if isinstance(envelope, dict) else None
+    return bool(isinstance(headers, dict) and headers.get("redelivered"))
 
 
 def _identity(envelope: Any) -> tuple[str | None, str | None]:

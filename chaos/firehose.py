@@ -4,7 +4,10 @@ The node copies every publish it receives (`publish.<exchange>`) and every deliv
 (`deliver.<queue>`, with a `redelivered` count) to the `amq.rabbitmq.trace` exchange. A
 quorum queue (it keeps even these transient copies through a restart) bound to both collects
 them; this thread consumes it with acknowledgements, so a connection the faults close (or a
-node restart) loses no trace it had not yet read.
+node restart) loses no trace it had not yet read. The price: a trace read just before its
+acknowledgement was lost is read again and counted twice. That can only turn a duplicate
+redelivered by the broker into one counted as published twice (still traced), never make a
+duplicate untraced or a message lost.
 
 - received: publishes per task id (copies the node was handed, refused ones included: a
   queue at its length limit with `reject-publish` refuses a message after it was traced);

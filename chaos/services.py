@@ -214,7 +214,12 @@ def _reply(reader: Any) -> Any:
         return int(rest)
     if kind == b"$":
         size = int(rest)
-        return None if size < 0 else reader.read(size + 2)[:-2]
+        if size < 0:
+            return None
+        data = reader.read(size + 2)
+        if len(data) != size + 2:
+            raise OSError("redis-server closed the connection")
+        return data[:-2]
     if kind == b"*":
         size = int(rest)
         return None if size < 0 else [_reply(reader) for _ in range(size)]
