@@ -265,7 +265,7 @@ class FrontierDesign(Design):
         # What the relay runs (ClaimStore.claim): the shape without the parts that have
         # nothing to read this time, in `$1` parameters converted once. Named parameters
         # cost psycopg a conversion of the whole statement at every call (it caches only
-        # short ones): a quarter of a millisecond here, which the relay does not pay.
+        # short ones), which the relay does not pay.
         key = (bool(asked["recheck"]), bool(asked["late"]))
         shape = self.shapes.get(key)
         if shape is None:
