@@ -164,6 +164,12 @@ def _hold_eta_after(value: Any) -> float | None:
     return None if value is None else finite_number(value, unit=" of seconds, or None")
 
 
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise Invalid(f"must be True or False, not {value!r}")
+    return value
+
+
 def _event_source(value: Any) -> str | None:
     # CloudEvents: `source` is a non-empty URI-reference; spaces and control characters
     # cannot be part of one, and a NUL cannot be stored.
@@ -197,6 +203,7 @@ SETTINGS: tuple[tuple[str, Any, Callable[[Any], Any]], ...] = (
     ("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after),
     ("INBOX_RETENTION_DAYS", DEFAULT_INBOX_RETENTION_DAYS, _retention_days),
     ("EVENT_SOURCE", None, _event_source),
+    ("AUTO_REINDEX", True, _flag),
 )
 KNOWN_SETTINGS = frozenset(PREFIX + name for name, _, _ in SETTINGS)
 
@@ -289,6 +296,11 @@ def metrics_address() -> str:
 def hold_eta_after() -> float | None:
     """Seconds of ETA beyond which a task is held in the outbox; None: never hold."""
     return _read("HOLD_ETA_AFTER", DEFAULT_HOLD_ETA_AFTER, _hold_eta_after)
+
+
+def auto_reindex() -> bool:
+    """Whether outbox_listen rebuilds the outbox's bloated indexes itself (relay/index_keeper.py)."""
+    return _read("AUTO_REINDEX", True, _flag)
 
 
 def event_source() -> str:

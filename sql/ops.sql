@@ -313,6 +313,18 @@ JOIN pg_namespace AS n ON n.oid = c.relnamespace
 WHERE i.indrelid = 'outbox_notify_message_v1'::regclass
 ORDER BY c.relname;
 
+-- name: outbox_table_bytes
+-- The outbox table's own size (its heap), which the relay compares its indexes with.
+SELECT pg_relation_size('outbox_notify_message_v1'::regclass);
+
+-- name: try_reindex_lock
+-- One relay's index keeper rebuilds at a time (outbox_notify/relay/index_keeper.py): a session
+-- advisory lock, on the key of the relay's wake lock with a second number of its own.
+SELECT pg_try_advisory_lock(1869968482, 2);
+
+-- name: reindex_unlock
+SELECT pg_advisory_unlock(1869968482, 2);
+
 -- name: reindex_index
 -- The placeholder is the index, as psycopg.sql.Identifier(schema, name). CONCURRENTLY: writers and the
 -- relay's claims go on while the index is rebuilt (it cannot run inside a transaction).

@@ -19,6 +19,7 @@ from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.frontier import Frontier
+from outbox_notify.relay.index_keeper import IndexKeeper
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import overlaps
@@ -120,6 +121,26 @@ def build_relay(
         ),
         reporters=[*reporters(), *extra_reporters],
     )
+
+
+@contextlib.contextmanager
+def index_keeper(config: RelayConfig) -> Iterator[IndexKeeper | None]:
+    """The relay's index keeper (relay/index_keeper.py), running while the block runs.
+
+    None when OUTBOX_NOTIFY_AUTO_REINDEX is off, or when the relay only polls without a LISTEN
+    DSN: its connection goes through a transaction pooler then, where the keeper's session
+    settings and advisory lock would not stay with it (outbox_reindex from cron does it).
+    """
+    listen_dsn = conf.listen_dsn()
+    if not conf.auto_reindex() or (config.poll_only and listen_dsn is None):
+        yield None
+        return
+    keeper = IndexKeeper(listen_dsn or connection_kwargs(conf.database_alias()))
+    keeper.start()
+    try:
+        yield keeper
+    finally:
+        keeper.stop()
 
 
 @contextlib.contextmanager

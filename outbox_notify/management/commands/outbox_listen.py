@@ -21,6 +21,7 @@ from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.runner import (
     build_relay,
     check_reachable,
+    index_keeper,
     prometheus_endpoint,
     stop_signals,
 )
@@ -52,4 +53,5 @@ class Command(OutboxCommand):
                     exporter.state = relay  # /healthz: 503 until connected
                 holder.append(relay)
                 check_reachable(relay)
-                relay.run()
+                with index_keeper(config):
+                    relay.run()

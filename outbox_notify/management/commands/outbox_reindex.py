@@ -9,36 +9,18 @@ and refuses while a snapshot still holds dead rows back (the new index would kee
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 from django.db import connections
-from psycopg import sql as pgsql
 
-from outbox_notify import conf, stats
+from outbox_notify import conf, reindex, stats
 from outbox_notify.management.commands._common import OutboxCommand, reported, seconds, whole_number
 
 NEEDS = "ownership of outbox_notify_message_v1 (run it as the role that ran migrate)"
 DEFAULT_MIN_SIZE = 1  # MiB: smaller indexes are left alone, there is nothing to give back
 DEFAULT_REFUSE_ABOVE = 100_000  # dead rows, the relay's outbox.vacuum_held_back threshold
 DEFAULT_LOCK_WAIT = 60.0  # seconds a rebuild waits for the transactions running when it began
-MIB = 1024 * 1024
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class Index:
-    """One index of the outbox table."""
-
-    schema: str
-    name: str
-    bytes: int
-    leftover: bool  # invalid, left by an interrupted rebuild
-    owned: bool  # this role may rebuild it
-
-    @property
-    def identifier(self) -> pgsql.Identifier:
-        return pgsql.Identifier(self.schema, self.name)
 
 
 class Command(OutboxCommand):
@@ -84,23 +66,37 @@ class Command(OutboxCommand):
             raise CommandError("outbox_reindex cannot run inside a transaction (atomic block)")
         with reported(NEEDS), connection.cursor() as cur:
             self._refuse_while_held(cur, options["refuse_above"])
-            cur.execute(stats.queries()["outbox_indexes"])
-            indexes = [Index(**dict(zip(INDEX_FIELDS, row, strict=True))) for row in cur.fetchall()]
-            if not all(index.owned for index in indexes):
+            found = reindex.indexes(cur)
+            if not all(index.owned for index in found):
                 alias = conf.database_alias()
                 raise CommandError(
                     f"the role in DATABASES[{alias!r}] lacks {NEEDS}; REINDEX needs it "
                     "(docs/security.md)"
                 )
             if options["dry_run"]:
-                self._plan(indexes, options["min_size"])
+                self._plan(found, options["min_size"])
                 return
-            timeout_ms = str(max(1, int(options["lock_wait"] * 1000)))
-            cur.execute(stats.queries()["set_reindex_lock_timeout"], {"timeout_ms": timeout_ms})
-            try:
-                self._rebuild(cur, indexes, options["min_size"])
-            finally:
-                cur.execute(stats.queries()["reset_lock_timeout"])
+            done = reindex.rebuild(
+                cur,
+                found,
+                min_size=options["min_size"] * reindex.MIB,
+                lock_wait=options["lock_wait"],
+                say=self.stdout.write,
+            )
+        if done.undropped:
+            raise CommandError(
+                f"could not drop {', '.join(done.undropped)} (left invalid by an "
+                "interrupted rebuild) within --lock-wait: a long transaction is running; "
+                "run outbox_reindex again once it has ended"
+            )
+        self.stdout.write(
+            f"outbox indexes: {reindex.size_text(done.before)} -> {reindex.size_text(done.after)}"
+        )
+        if done.failed:
+            raise CommandError(
+                f"could not rebuild {', '.join(done.failed)} within --lock-wait: a long "
+                "transaction is running; run outbox_reindex again once it has ended"
+            )
 
     def _refuse_while_held(self, cur: Any, refuse_above: int) -> None:
         dead_rows, holder = stats.vacuum_horizon(cur)
@@ -111,79 +107,9 @@ class Command(OutboxCommand):
                 "(docs/operations.md, 'Dead rows and old snapshots')"
             )
 
-    def _plan(self, indexes: list[Index], min_size: int) -> None:
-        for index in indexes:
+    def _plan(self, found: list[reindex.Index], min_size: int) -> None:
+        for index in found:
             action = "drop (left by an interrupted rebuild)" if index.leftover else "rebuild"
-            if not index.leftover and index.bytes < min_size * MIB:
+            if not index.leftover and index.bytes < min_size * reindex.MIB:
                 action = "leave (below --min-size)"
-            self.stdout.write(f"{index.name}  {_size(index.bytes)}  {action}")
-
-    def _rebuild(self, cur: Any, indexes: list[Index], min_size: int) -> None:
-        leftovers = [index for index in indexes if index.leftover]
-        if leftovers and not self._drop(cur, leftovers):
-            raise CommandError(
-                f"could not drop {', '.join(i.name for i in leftovers)} (left invalid by an "
-                "interrupted rebuild) within --lock-wait: a long transaction is running; "
-                "run outbox_reindex again once it has ended"
-            )
-        before = after = 0
-        failed: list[str] = []
-        for index in indexes:
-            if index.leftover or index.bytes < min_size * MIB:
-                continue
-            size = self._rebuild_one(cur, index, failed)
-            before, after = before + index.bytes, after + size
-        self.stdout.write(f"outbox indexes: {_size(before)} -> {_size(after)}")
-        if failed:
-            raise CommandError(
-                f"could not rebuild {', '.join(failed)} within --lock-wait: a long transaction "
-                "is running; run outbox_reindex again once it has ended"
-            )
-
-    def _drop(self, cur: Any, leftovers: list[Index]) -> bool:
-        """Drop invalid leftovers of an interrupted rebuild; False if one had to wait too long."""
-        for index in leftovers:
-            try:
-                cur.execute(pgsql.SQL(stats.queries()["drop_index"]).format(index.identifier))
-            except Exception as exc:  # only a lock timeout is expected
-                if not _is_lock_timeout(exc):
-                    raise
-                return False
-            self.stdout.write(f"{index.name}  dropped (left invalid by an interrupted rebuild)")
-        return True
-
-    def _rebuild_one(self, cur: Any, index: Index, failed: list[str]) -> int:
-        """Rebuild one index; its size after (its size before if the rebuild gave up)."""
-        try:
-            cur.execute(pgsql.SQL(stats.queries()["reindex_index"]).format(index.identifier))
-        except Exception as exc:  # only a lock timeout is expected
-            if not _is_lock_timeout(exc):
-                raise
-            failed.append(index.name)
-            # The copy it was building stays, invalid, if dropping it has to wait too: the
-            # next run drops it first.
-            self._drop(cur, _leftovers_of(cur, index))
-            return index.bytes
-        cur.execute(stats.queries()["outbox_indexes"])
-        size = next(row[2] for row in cur.fetchall() if row[1] == index.name)
-        self.stdout.write(f"{index.name}  {_size(index.bytes)} -> {_size(size)}")
-        return int(size)
-
-
-INDEX_FIELDS = tuple(field.name for field in dataclasses.fields(Index))
-
-
-def _is_lock_timeout(exc: BaseException) -> bool:
-    cause = exc.__cause__ or exc
-    return getattr(cause, "sqlstate", None) == "55P03"  # lock_not_available
-
-
-def _leftovers_of(cur: Any, index: Index) -> list[Index]:
-    """The invalid copies an interrupted rebuild of `index` left behind."""
-    cur.execute(stats.queries()["outbox_indexes"])
-    found = [Index(**dict(zip(INDEX_FIELDS, row, strict=True))) for row in cur.fetchall()]
-    return [i for i in found if i.leftover and i.name.startswith(index.name[:50])]
-
-
-def _size(size: int) -> str:
-    return f"{size / MIB:.1f} MiB"
+            self.stdout.write(f"{index.name}  {reindex.size_text(index.bytes)}  {action}")
