@@ -79,9 +79,21 @@ def bloated(heap: int, found: list[Index], *, min_bytes: int = BLOAT_MIN_BYTES) 
     return leftover or (size >= min_bytes and size > BLOAT_RATIO * heap)
 
 
-def rebuild(cur: Any, found: list[Index], *, min_size: int, lock_wait: float, say: Say) -> Rebuilt:
+def rebuild(
+    cur: Any,
+    found: list[Index],
+    *,
+    min_size: int,
+    lock_wait: float,
+    say: Say,
+    first_failure_ends: bool = False,
+    stopping: Callable[[], bool] = lambda: False,
+) -> Rebuilt:
     """Drop the leftovers of an interrupted rebuild, then rebuild every index of at least
-    `min_size` bytes, each waiting at most `lock_wait` seconds for running transactions."""
+    `min_size` bytes, each waiting at most `lock_wait` seconds for running transactions.
+
+    `first_failure_ends`: give up on the rest once one index waited too long (a long
+    transaction would make each of them wait as long). `stopping`: asked before each index."""
     timeout_ms = str(max(1, int(lock_wait * 1000)))
     cur.execute(stats.queries()["set_reindex_lock_timeout"], {"timeout_ms": timeout_ms})
     try:
@@ -94,6 +106,8 @@ def rebuild(cur: Any, found: list[Index], *, min_size: int, lock_wait: float, sa
         for index in found:
             if index.leftover or index.bytes < min_size:
                 continue
+            if stopping() or (failed and first_failure_ends):
+                break
             size = _rebuild_one(cur, index, failed, say)
             before, after = before + index.bytes, after + size
         return Rebuilt(before=before, after=after, failed=tuple(failed), undropped=())

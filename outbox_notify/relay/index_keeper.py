@@ -2,15 +2,25 @@
 
 After a snapshot held published rows back, autovacuum frees the table and truncates its empty
 tail within a round or two, but the indexes keep the size they reached (a B-tree only reuses
-its empty pages). Every CHECK_INTERVAL a thread of the relay looks, on a connection of its own:
-when no snapshot holds many dead rows back and the indexes take far more than the table itself
-(outbox_notify/reindex.py, `bloated`), it rebuilds them with REINDEX INDEX CONCURRENTLY, which
-blocks neither writers nor claims. One relay at a time (a session advisory lock); at most once
-per MIN_GAP per relay. A role that does not own the indexes cannot rebuild them: the keeper
-then warns (outbox.reindex_needed) and `manage.py outbox_reindex`, run as the owner, does it.
+its empty pages). Every CHECK_INTERVAL a thread of the relay looks, on a short connection of its
+own: when no snapshot holds many dead rows back and the indexes take far more than the table
+itself (outbox_notify/reindex.py, `bloated`), it rebuilds them with REINDEX INDEX CONCURRENTLY,
+which blocks neither writers nor claims.
 
-The thread runs beside the relay loop and shares nothing with it but the process: a keeper that
-fails logs and tries again at its next check, and the relay never waits for it.
+- Only after dead rows piled up: the keeper is armed when it starts and whenever a look finds
+  more than `refuse_above` dead rows, and disarmed by a rebuild, so a queue that merely
+  drained (its table truncated, its indexes at their usual size) is left alone.
+- One rebuild at a time, relays and `outbox_reindex` alike (a session advisory lock); at most
+  once per MIN_GAP per relay; a long transaction in the way ends the attempt at the first
+  index that waited LOCK_WAIT for it.
+- Only on a session of its own: the relay's connection parameters once its LISTEN probe has
+  proven them one (`session()`), since its lock_timeout and advisory lock are session state
+  that a transaction pooler would hand to other clients.
+- A role that does not own the indexes cannot rebuild them: the keeper then warns
+  (outbox.reindex_needed) and `manage.py outbox_reindex`, run as the owner, does it.
+
+The thread shares nothing with the relay loop but the process: a keeper that fails logs and
+tries again at its next look, and the relay never waits for it.
 """
 
 from __future__ import annotations
@@ -18,22 +28,28 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import structlog
 
 from outbox_notify import reindex, stats
+from outbox_notify.relay.store import CONNECT_TIMEOUT, KEEPALIVES
 
 log = structlog.get_logger("outbox_notify")
 
+APPLICATION_NAME = "outbox_notify.reindex"
 CHECK_INTERVAL = 60.0  # seconds between two looks at the outbox's sizes
 MIN_GAP = 600.0  # seconds after a rebuild (or an attempt) before this relay tries again
 WARNING_INTERVAL = 1800.0  # seconds between two outbox.reindex_needed warnings
-LOCK_WAIT = 60.0  # seconds a rebuild waits for the transactions running when it began
-# Dead rows a snapshot may still hold back for a rebuild to go ahead (as outbox_reindex).
+# Seconds one index's rebuild waits for the transactions running when it began. Short: while
+# it waits it holds a lock that autovacuum and a migration's ALTER TABLE queue behind.
+LOCK_WAIT = 10.0
+# Dead rows past which a snapshot holding them defers the rebuild (a rebuilt index would keep
+# them: outbox_reindex refuses at the same count), and a look arms the keeper.
 REFUSE_ABOVE = 100_000
-STOP_WAIT = 5.0  # seconds stop() waits for a rebuild it cancelled
+STOP_WAIT = 5.0  # seconds stop() waits for the thread, a cancelled rebuild included
 
 
 class IndexKeeper:
@@ -41,22 +57,32 @@ class IndexKeeper:
 
     def __init__(
         self,
-        params: dict[str, Any] | str,
+        params: dict[str, Any],
         *,
+        session: Callable[[], bool] = lambda: True,
         interval: float | None = None,
         min_bytes: int | None = None,
         refuse_above: int = REFUSE_ABOVE,
     ) -> None:
-        """`interval` and `min_bytes` default to CHECK_INTERVAL and reindex.BLOAT_MIN_BYTES."""
-        self.params = params
+        """`session`: whether `params` give a session of its own right now. `interval` and
+        `min_bytes` default to CHECK_INTERVAL and reindex.BLOAT_MIN_BYTES."""
+        self.params = {
+            **params,
+            **KEEPALIVES,
+            "connect_timeout": CONNECT_TIMEOUT,
+            "application_name": APPLICATION_NAME,
+        }
+        self.session = session
         self.interval = CHECK_INTERVAL if interval is None else interval
         self.min_bytes = reindex.BLOAT_MIN_BYTES if min_bytes is None else min_bytes
         self.refuse_above = refuse_above
-        self.conn: psycopg.Connection[Any] | None = None
+        self.armed = True
         self.next_try = 0.0
         self.next_warning = 0.0
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()  # guards `conn` between the thread and stop()
+        self.conn: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> IndexKeeper:
         return self
@@ -71,15 +97,15 @@ class IndexKeeper:
         self.thread.start()
 
     def stop(self) -> None:
-        """End the thread; a rebuild in progress is cancelled (the next one cleans up)."""
+        """End the thread, cancelling a rebuild in progress (the next look drops what it left)."""
         self.stopping.set()
-        conn = self.conn
-        if conn is not None and not conn.closed:
+        with self.lock:
+            conn = self.conn
+        if conn is not None:
             with contextlib.suppress(Exception):
                 conn.cancel_safe(timeout=STOP_WAIT)
         if self.thread is not None:
             self.thread.join(STOP_WAIT)
-        self._close()
 
     def _run(self) -> None:
         while not self.stopping.wait(self.interval):
@@ -88,25 +114,33 @@ class IndexKeeper:
             except Exception as exc:  # a keeper never takes the relay down
                 if not self.stopping.is_set():
                     log.warning("outbox.reindex_failed", error=" ".join(str(exc).split()))
-                self._close()
 
     # -- one look ---------------------------------------------------------------------------
 
     def check(self) -> str:
-        """Look once and act; what it found: 'waiting', 'held', 'fine', 'not owned', 'busy'
-        (another relay is rebuilding) or 'rebuilt'."""
+        """Look once and act; what it found: 'waiting', 'pooled' (no session of its own),
+        'held', 'fine', 'not owned', 'busy' (another rebuild is running), 'rebuilt' or 'stopping'."""
         now = time.monotonic()
         if now < self.next_try:
             return "waiting"
-        cur = self._connection().cursor()
+        if not self.session():
+            return "pooled"
+        with self._connected() as conn:
+            if self.stopping.is_set():
+                return "stopping"
+            return self._look(conn.cursor(), now)
+
+    def _look(self, cur: Any, now: float) -> str:
         dead_rows, holder = stats.vacuum_horizon(cur)
-        if holder is not None and dead_rows > self.refuse_above:
-            return "held"  # a rebuilt index would keep them: the relay warns about the holder
+        if dead_rows > self.refuse_above:
+            self.armed = True
+            if holder is not None:
+                return "held"  # the relay's outbox.vacuum_held_back names the holder
         found = reindex.indexes(cur)
         heap = reindex.table_bytes(cur)
-        if not reindex.bloated(heap, found, min_bytes=self.min_bytes):
+        if not self.armed or not reindex.bloated(heap, found, min_bytes=self.min_bytes):
             return "fine"
-        size = sum(index.bytes for index in found)
+        size = sum(index.bytes for index in found if not index.leftover)
         if not all(index.owned for index in found):
             if now >= self.next_warning:
                 self.next_warning = now + WARNING_INTERVAL
@@ -123,13 +157,23 @@ class IndexKeeper:
             return "busy"
         self.next_try = now + MIN_GAP
         try:
+            found = reindex.indexes(cur)  # another rebuild may have ended before the lock
+            if not reindex.bloated(reindex.table_bytes(cur), found, min_bytes=self.min_bytes):
+                return "fine"
             log.info("outbox.reindex_started", index_bytes=size, table_bytes=heap)
             started = time.monotonic()
             done = reindex.rebuild(
-                cur, found, min_size=0, lock_wait=LOCK_WAIT, say=lambda line: None
+                cur,
+                found,
+                min_size=0,
+                lock_wait=LOCK_WAIT,
+                say=lambda line: None,
+                first_failure_ends=True,
+                stopping=self.stopping.is_set,
             )
         finally:
             cur.execute(stats.queries()["reindex_unlock"])
+        self.armed = False
         log.info(
             "outbox.reindex_done",
             before_bytes=done.before,
@@ -139,16 +183,15 @@ class IndexKeeper:
         )
         return "rebuilt"
 
-    def _connection(self) -> psycopg.Connection[Any]:
-        if self.conn is None or self.conn.closed:
-            if isinstance(self.params, str):
-                self.conn = psycopg.connect(self.params, autocommit=True)
-            else:
-                self.conn = psycopg.connect(**self.params, autocommit=True)
-        return self.conn
-
-    def _close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+    @contextlib.contextmanager
+    def _connected(self) -> Any:
+        """A connection for one look, closed after it: the keeper holds none between looks."""
+        conn = psycopg.connect(**self.params, autocommit=True)
+        with self.lock:
+            self.conn = conn
+        try:
+            yield conn
+        finally:
+            with self.lock:
+                self.conn = None
+            conn.close()

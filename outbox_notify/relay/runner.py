@@ -124,18 +124,19 @@ def build_relay(
 
 
 @contextlib.contextmanager
-def index_keeper(config: RelayConfig) -> Iterator[IndexKeeper | None]:
+def index_keeper(relay: Relay) -> Iterator[IndexKeeper | None]:
     """The relay's index keeper (relay/index_keeper.py), running while the block runs.
 
-    None when OUTBOX_NOTIFY_AUTO_REINDEX is off, or when the relay only polls without a LISTEN
-    DSN: its connection goes through a transaction pooler then, where the keeper's session
-    settings and advisory lock would not stay with it (outbox_reindex from cron does it).
+    None when OUTBOX_NOTIFY_AUTO_REINDEX is off, with --poll-only, or with a LISTEN DSN (the
+    alias then goes through a transaction pooler); otherwise it looks only while the relay's
+    LISTEN probe has proven the alias's connections sessions of their own (not polling).
     """
-    listen_dsn = conf.listen_dsn()
-    if not conf.auto_reindex() or (config.poll_only and listen_dsn is None):
+    if not conf.auto_reindex() or relay.config.poll_only or conf.listen_dsn() is not None:
         yield None
         return
-    keeper = IndexKeeper(listen_dsn or connection_kwargs(conf.database_alias()))
+    keeper = IndexKeeper(
+        connection_kwargs(conf.database_alias()), session=lambda: not relay.polling
+    )
     keeper.start()
     try:
         yield keeper

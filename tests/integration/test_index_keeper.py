@@ -8,14 +8,20 @@ written and deleted while a REPEATABLE READ session holds them), then lets the k
 
 from __future__ import annotations
 
+import io
+import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import psycopg
 import pytest
 import structlog
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.test import override_settings
 from psycopg import sql as pgsql
 
@@ -83,18 +89,19 @@ def test_rebuilds_bloated_indexes_while_writers_go_on(bloated: psycopg.Connectio
     assert done[0]["before_bytes"] > done[0]["after_bytes"], logs
 
 
-def test_leaves_indexes_that_fit_their_table() -> None:
-    """A table in its steady state (indexes about the size of the table) is left alone, and the
-    default floor leaves small indexes alone whatever their ratio."""
-    with connect() as writer:
-        writer.execute(INSERT, (5000,))
-        writer.execute(f"DELETE FROM {TABLE} WHERE id % 2 = 0")
-        writer.execute(f"VACUUM {TABLE}")
-        before = writer.execute(INDEX_BYTES).fetchone()[0]
-        with keeper() as watcher, IndexKeeper(connection_kwargs("default")) as by_default:
-            assert watcher.check() == "fine"
-            assert by_default.check() == "fine"
-        assert writer.execute(INDEX_BYTES).fetchone()[0] == before
+def test_leaves_indexes_that_fit_their_table(bloated: psycopg.Connection) -> None:
+    """A table in its steady state (indexes about the size of the table) is left alone, and so
+    are indexes under the floor (16 MiB) whatever their ratio to the table."""
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    assert grown < reindex.BLOAT_MIN_BYTES
+    with IndexKeeper(connection_kwargs("default")) as by_default:
+        assert by_default.check() == "fine"
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] == grown
+    bloated.execute(INSERT, (5000,))
+    bloated.execute(f"VACUUM {TABLE}")
+    with keeper() as watcher:
+        assert watcher.check() == "fine"
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] > grown  # the new rows, nothing rebuilt
 
 
 def test_waits_while_a_snapshot_still_holds_the_dead_rows() -> None:
@@ -109,6 +116,34 @@ def test_waits_while_a_snapshot_still_holds_the_dead_rows() -> None:
         with keeper(refuse_above=100) as watcher:
             assert watcher.check() == "held"
         assert writer.execute(INDEX_BYTES).fetchone()[0] == before
+
+
+def test_rebuilds_only_after_dead_rows_piled_up(bloated: psycopg.Connection) -> None:
+    """Disarmed (it rebuilt before, or the queue merely drained), the keeper leaves bloated
+    indexes alone until a look finds more dead rows than its threshold; then it rebuilds once
+    they are gone."""
+    with keeper(refuse_above=1000) as watcher:
+        watcher.armed = False
+        assert watcher.check() == "fine"
+        with connect("tests.old-snapshot", autocommit=False) as holder:
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute(f"SELECT count(*) FROM {TABLE}")
+            churn(bloated, 4000)
+            wait_for(lambda: stats.vacuum_horizon(bloated.cursor())[0] >= 4000)
+            assert watcher.check() == "held"
+        assert watcher.armed
+        bloated.execute(f"VACUUM {TABLE}")
+        assert watcher.check() == "rebuilt"
+        assert not watcher.armed
+
+
+def test_without_a_session_of_its_own_it_does_not_look(bloated: psycopg.Connection) -> None:
+    """Behind a transaction pooler (the relay fell back to polling) the keeper's session
+    settings and advisory lock would go to other clients: it does nothing."""
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    with IndexKeeper(connection_kwargs("default"), session=lambda: False, min_bytes=0) as idle:
+        assert idle.check() == "pooled"
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] == grown
 
 
 def test_a_role_that_does_not_own_the_indexes_warns(bloated: psycopg.Connection) -> None:
@@ -131,32 +166,98 @@ def test_a_role_that_does_not_own_the_indexes_warns(bloated: psycopg.Connection)
         bloated.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
 
 
-def test_one_keeper_rebuilds_at_a_time(bloated: psycopg.Connection) -> None:
-    """Another relay's keeper holding the lock: this one leaves the rebuild to it."""
+def test_one_rebuild_at_a_time(bloated: psycopg.Connection) -> None:
+    """Another relay's keeper, or outbox_reindex, holding the lock: the keeper leaves the
+    rebuild to it, and outbox_reindex refuses while a keeper rebuilds."""
     with connect() as other:
         other.execute("SELECT pg_advisory_lock(1869968482, 2)")
         with keeper() as watcher:
             assert watcher.check() == "busy"
+        with pytest.raises(CommandError, match="another rebuild of the outbox's indexes"):
+            call_command("outbox_reindex", "--min-size", "0", stdout=io.StringIO())
 
 
-def test_the_relay_runs_it_on_a_timer_and_stops_it(
-    bloated: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """outbox_listen's keeper (runner.index_keeper) rebuilds on its own timer, and stops with
-    the relay; OUTBOX_NOTIFY_AUTO_REINDEX = False turns it off."""
+def test_a_stop_cancels_a_rebuild_and_the_next_look_cleans_up(bloated: psycopg.Connection) -> None:
+    """A relay stopping mid-rebuild cancels it (the rebuild waits on a long transaction here);
+    the invalid copy it leaves is dropped and the indexes rebuilt by the next keeper."""
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    watcher = IndexKeeper(connection_kwargs("default"), interval=0.1, min_bytes=0)
+    with connect("tests.long-writer", autocommit=False) as long_writer:
+        long_writer.execute(INSERT, (1,))  # a transaction with an xid, left open
+        watcher.start()
+        wait_for(lambda: _reindexing(bloated), timeout=30)
+        started = time.monotonic()
+        watcher.stop()
+        assert time.monotonic() - started < index_keeper.STOP_WAIT + 1
+        assert watcher.thread is not None
+        assert not watcher.thread.is_alive()
+        assert not _reindexing(bloated)
+    assert bloated.execute(INVALID).fetchone()[0] >= 1
+    with keeper() as again:
+        assert again.check() == "rebuilt"
+    assert bloated.execute(INVALID).fetchone() == (0,)
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] < grown / 4
+
+
+def _reindexing(conn: psycopg.Connection) -> bool:
+    found = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+        " AND query LIKE 'REINDEX%%'",
+        (index_keeper.APPLICATION_NAME,),
+    ).fetchone()
+    return bool(found and found[0])
+
+
+BIG_ROWS = 160_000  # enough churn for the indexes to pass the keeper's 16 MiB floor
+
+
+def test_outbox_listen_rebuilds_by_itself(start_relay: Any, relay_env: dict[str, Any]) -> None:
+    """The real relay: `manage.py outbox_listen` gives the space back on its own, at its first
+    look a minute after it starts, while it goes on relaying."""
+    with connect() as writer:
+        with connect("tests.old-snapshot", autocommit=False) as holder:
+            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            holder.execute(f"SELECT count(*) FROM {TABLE}")
+            churn(writer, BIG_ROWS)
+        writer.execute(f"VACUUM {TABLE}")
+        grown = writer.execute(INDEX_BYTES).fetchone()[0]
+        assert grown > reindex.BLOAT_MIN_BYTES
+        relay = start_relay("--sweep-interval", "1")
+        deadline = index_keeper.CHECK_INTERVAL + 60
+        wait_for(
+            lambda: writer.execute(INDEX_BYTES).fetchone()[0] < grown / 4,
+            timeout=deadline,
+            context=relay.output,
+        )
+        relay.signal(signal.SIGTERM)
+        assert relay.wait() == 0
+    assert "outbox.reindex_done" in relay.output()
+
+
+def test_the_relay_runs_it_only_where_it_has_a_session() -> None:
+    """runner.index_keeper: off with --poll-only, with a LISTEN DSN (the alias goes through a
+    transaction pooler then) and with OUTBOX_NOTIFY_AUTO_REINDEX = False; otherwise it looks
+    only while the relay is not polling, and stops with the relay."""
     from outbox_notify.relay import runner
 
-    # The timer and the floor, shortened for the test (60 s and 16 MiB in a relay).
-    monkeypatch.setattr(index_keeper, "CHECK_INTERVAL", 0.2)
-    monkeypatch.setattr(reindex, "BLOAT_MIN_BYTES", 0)
-    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
-    config = RelayConfig()
-    with runner.index_keeper(config) as running:
+    listening = SimpleNamespace(config=RelayConfig(), polling=False)
+    with runner.index_keeper(listening) as running:  # type: ignore[arg-type]
         assert running is not None
-        wait_for(lambda: bloated.execute(INDEX_BYTES).fetchone()[0] < grown / 4, timeout=30)
-        started = time.monotonic()
-    assert running.thread is not None
+        assert running.thread is not None
+        assert running.thread.is_alive()
+        listening.polling = True
+        assert running.check() == "pooled"
     assert not running.thread.is_alive()
-    assert time.monotonic() - started < 5
-    with override_settings(OUTBOX_NOTIFY_AUTO_REINDEX=False), runner.index_keeper(config) as off:
+    polling_only = SimpleNamespace(config=RelayConfig(poll_only=True), polling=True)
+    with runner.index_keeper(polling_only) as off:  # type: ignore[arg-type]
+        assert off is None
+    with (
+        override_settings(OUTBOX_NOTIFY_LISTEN_DSN="postgresql://elsewhere/db"),
+        runner.index_keeper(listening) as off,  # type: ignore[arg-type]
+    ):
+        assert off is None
+    with (
+        override_settings(OUTBOX_NOTIFY_AUTO_REINDEX=False),
+        runner.index_keeper(listening) as off,  # type: ignore[arg-type]
+    ):
         assert off is None

@@ -53,5 +53,5 @@ class Command(OutboxCommand):
                     exporter.state = relay  # /healthz: 503 until connected
                 holder.append(relay)
                 check_reachable(relay)
-                with index_keeper(config):
+                with index_keeper(relay):
                     relay.run()

@@ -76,13 +76,22 @@ class Command(OutboxCommand):
             if options["dry_run"]:
                 self._plan(found, options["min_size"])
                 return
-            done = reindex.rebuild(
-                cur,
-                found,
-                min_size=options["min_size"] * reindex.MIB,
-                lock_wait=options["lock_wait"],
-                say=self.stdout.write,
-            )
+            cur.execute(stats.queries()["try_reindex_lock"])
+            if not cur.fetchone()[0]:
+                raise CommandError(
+                    "another rebuild of the outbox's indexes is running (a relay's, or another "
+                    "outbox_reindex): run it again once that one has ended"
+                )
+            try:
+                done = reindex.rebuild(
+                    cur,
+                    found,
+                    min_size=options["min_size"] * reindex.MIB,
+                    lock_wait=options["lock_wait"],
+                    say=self.stdout.write,
+                )
+            finally:
+                cur.execute(stats.queries()["reindex_unlock"])
         if done.undropped:
             raise CommandError(
                 f"could not drop {', '.join(done.undropped)} (left invalid by an "
