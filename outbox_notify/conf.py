@@ -299,7 +299,7 @@ def hold_eta_after() -> float | None:
 
 
 def auto_reindex() -> bool:
-    """Whether outbox_listen rebuilds the outbox's bloated indexes itself (relay/index_keeper.py)."""
+    """Whether outbox_listen rebuilds the outbox's bloated indexes itself (outbox_notify/index_keeper.py)."""
     return _read("AUTO_REINDEX", True, _flag)
 
 

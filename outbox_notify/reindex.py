@@ -6,7 +6,7 @@ reuses its empty pages: each index keeps the size it reached. REINDEX INDEX CONC
 that space back without blocking writers or the relays.
 
 Two callers share this: `manage.py outbox_reindex` (by hand or from cron, as the tables' owner)
-and the relay's IndexKeeper (outbox_notify/relay/index_keeper.py), which rebuilds on its own when
+and the relay's IndexKeeper (outbox_notify/index_keeper.py), which rebuilds on its own when
 the indexes have grown far past the table they index. Both take any DB-API cursor in autocommit
 (Django's or psycopg's) and report through `say`.
 """

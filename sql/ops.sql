@@ -318,7 +318,7 @@ ORDER BY c.relname;
 SELECT pg_relation_size('outbox_notify_message_v1'::regclass);
 
 -- name: try_reindex_lock
--- One relay's index keeper rebuilds at a time (outbox_notify/relay/index_keeper.py): a session
+-- One relay's index keeper rebuilds at a time (outbox_notify/index_keeper.py): a session
 -- advisory lock, on the key of the relay's wake lock with a second number of its own.
 SELECT pg_try_advisory_lock(1869968482, 2);
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from outbox_notify import conf, metrics, metrics_prometheus, observability, otel, queues, transport
 from outbox_notify.exceptions import BrokerUnavailable, DatabaseUnavailable, OutboxNotifyError
+from outbox_notify.index_keeper import IndexKeeper
 from outbox_notify.relay.broker import publisher_for
 from outbox_notify.relay.chords import ChordPublisher
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.index_keeper import IndexKeeper
 from outbox_notify.relay.listener import Listener
 from outbox_notify.relay.loop import Relay
 from outbox_notify.relay.publisher import overlaps
@@ -125,7 +125,7 @@ def build_relay(
 
 @contextlib.contextmanager
 def index_keeper(relay: Relay) -> Iterator[IndexKeeper | None]:
-    """The relay's index keeper (relay/index_keeper.py), running while the block runs.
+    """The relay's index keeper (outbox_notify/index_keeper.py), running while the block runs.
 
     None when OUTBOX_NOTIFY_AUTO_REINDEX is off, with --poll-only, or with a LISTEN DSN (the
     alias then goes through a transaction pooler); otherwise it looks only while the relay's
