@@ -8,8 +8,10 @@ itself (outbox_notify/reindex.py, `bloated`), it rebuilds them with REINDEX INDE
 which blocks neither writers nor claims.
 
 - Only after dead rows piled up: the keeper is armed when it starts and whenever a look finds
-  more than `refuse_above` dead rows, and disarmed by a rebuild, so a queue that merely
-  drained (its table truncated, its indexes at their usual size) is left alone.
+  more than `refuse_above` dead rows (it waits then: a rebuild would keep them, whoever holds
+  them, seen or not), and disarmed by a rebuild that went through, so a queue that merely
+  drained (its table truncated, its indexes at their usual size) is left alone. An invalid
+  copy left by an interrupted rebuild is dropped whether armed or not.
 - One rebuild at a time, relays and `outbox_reindex` alike (a session advisory lock); at most
   once per MIN_GAP per relay; a long transaction in the way ends the attempt at the first
   index that waited LOCK_WAIT for it.
@@ -20,7 +22,8 @@ which blocks neither writers nor claims.
   (outbox.reindex_needed) and `manage.py outbox_reindex`, run as the owner, does it.
 
 The thread shares nothing with the relay loop but the process: a keeper that fails logs and
-tries again at its next look, and the relay never waits for it.
+tries again at its next look (MIN_GAP after an attempt that took the lock), and the relay
+never waits for it.
 """
 
 from __future__ import annotations
@@ -67,9 +70,9 @@ class IndexKeeper:
         """`session`: whether `params` give a session of its own right now. `interval` and
         `min_bytes` default to CHECK_INTERVAL and reindex.BLOAT_MIN_BYTES."""
         self.params = {
-            **params,
             **KEEPALIVES,
             "connect_timeout": CONNECT_TIMEOUT,
+            **params,
             "application_name": APPLICATION_NAME,
         }
         self.session = session
@@ -118,28 +121,35 @@ class IndexKeeper:
     # -- one look ---------------------------------------------------------------------------
 
     def check(self) -> str:
-        """Look once and act; what it found: 'waiting', 'pooled' (no session of its own),
-        'held', 'fine', 'not owned', 'busy' (another rebuild is running), 'rebuilt' or 'stopping'."""
-        now = time.monotonic()
-        if now < self.next_try:
-            return "waiting"
+        """Look once and act; what it found: 'pooled' (no session of its own), 'held', 'fine',
+        'waiting' (MIN_GAP since its last attempt), 'not owned', 'busy' (another rebuild is
+        running), 'rebuilt' or 'stopping'."""
         if not self.session():
             return "pooled"
         with self._connected() as conn:
             if self.stopping.is_set():
                 return "stopping"
-            return self._look(conn.cursor(), now)
+            cur = conn.cursor()
+            # Its own session, closed after the look: no statement timeout of the alias's
+            # OPTIONS cuts a rebuild short (it would leave an invalid copy behind).
+            cur.execute(stats.queries()["keeper_session"])
+            return self._look(cur, time.monotonic())
 
     def _look(self, cur: Any, now: float) -> str:
-        dead_rows, holder = stats.vacuum_horizon(cur)
+        dead_rows, _ = stats.vacuum_horizon(cur)
         if dead_rows > self.refuse_above:
+            # Whether or not this role can see what holds them: a rebuild now would keep them,
+            # and once autovacuum has removed them the table's tail is truncated and the
+            # indexes stand out against it.
             self.armed = True
-            if holder is not None:
-                return "held"  # the relay's outbox.vacuum_held_back names the holder
+            return "held"
         found = reindex.indexes(cur)
         heap = reindex.table_bytes(cur)
-        if not self.armed or not reindex.bloated(heap, found, min_bytes=self.min_bytes):
+        leftover = any(index.leftover for index in found)
+        if not (self.armed or leftover) or not reindex.bloated(heap, found, self.min_bytes):
             return "fine"
+        if now < self.next_try:
+            return "waiting"
         size = sum(index.bytes for index in found if not index.leftover)
         if not all(index.owned for index in found):
             if now >= self.next_warning:
@@ -151,6 +161,10 @@ class IndexKeeper:
                     hint="run manage.py outbox_reindex as the tables' owner (docs/operations.md)",
                 )
             return "not owned"
+        return self._rebuild(cur, now)
+
+    def _rebuild(self, cur: Any, now: float) -> str:
+        """Take the rebuild lock and rebuild, if the indexes are still bloated once it holds it."""
         cur.execute(stats.queries()["try_reindex_lock"])
         locked = cur.fetchone()
         if not (locked and locked[0]):
@@ -158,8 +172,11 @@ class IndexKeeper:
         self.next_try = now + MIN_GAP
         try:
             found = reindex.indexes(cur)  # another rebuild may have ended before the lock
-            if not reindex.bloated(reindex.table_bytes(cur), found, min_bytes=self.min_bytes):
+            heap = reindex.table_bytes(cur)
+            if not reindex.bloated(heap, found, self.min_bytes):
+                self.armed = False
                 return "fine"
+            size = sum(index.bytes for index in found if not index.leftover)
             log.info("outbox.reindex_started", index_bytes=size, table_bytes=heap)
             started = time.monotonic()
             done = reindex.rebuild(
@@ -173,7 +190,8 @@ class IndexKeeper:
             )
         finally:
             cur.execute(stats.queries()["reindex_unlock"])
-        self.armed = False
+        # An attempt that gave up stays armed: the next one, MIN_GAP later, tries again.
+        self.armed = bool(done.failed or done.undropped)
         log.info(
             "outbox.reindex_done",
             before_bytes=done.before,

@@ -71,7 +71,7 @@ def table_bytes(cur: Any) -> int:
     return int(cur.fetchone()[0])
 
 
-def bloated(heap: int, found: list[Index], *, min_bytes: int = BLOAT_MIN_BYTES) -> bool:
+def bloated(heap: int, found: list[Index], min_bytes: int = BLOAT_MIN_BYTES) -> bool:
     """Whether the indexes have grown far past what the table needs (see BLOAT_RATIO), or an
     interrupted rebuild left an invalid copy behind (it costs every write)."""
     size = sum(index.bytes for index in found if not index.leftover)

@@ -322,6 +322,10 @@ SELECT pg_relation_size('outbox_notify_message_v1'::regclass);
 -- advisory lock, on the key of the relay's wake lock with a second number of its own.
 SELECT pg_try_advisory_lock(1869968482, 2);
 
+-- name: keeper_session
+-- The index keeper's own short session (outbox_notify/index_keeper.py): no statement timeout.
+SELECT set_config('statement_timeout', '0', false);
+
 -- name: reindex_unlock
 SELECT pg_advisory_unlock(1869968482, 2);
 

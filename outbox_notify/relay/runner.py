@@ -135,7 +135,8 @@ def index_keeper(relay: Relay) -> Iterator[IndexKeeper | None]:
         yield None
         return
     keeper = IndexKeeper(
-        connection_kwargs(conf.database_alias()), session=lambda: not relay.polling
+        connection_kwargs(conf.database_alias()),
+        session=lambda: relay.connected and not relay.polling,
     )
     keeper.start()
     try:

@@ -72,7 +72,7 @@ def test_rebuilds_bloated_indexes_while_writers_go_on(bloated: psycopg.Connectio
     try:
         with keeper() as watcher, structlog.testing.capture_logs() as logs:
             assert watcher.check() == "rebuilt"
-            assert watcher.check() == "waiting"
+            assert watcher.check() == "fine"  # disarmed: it went through
     finally:
         stop.set()
         writer.join()
@@ -127,9 +127,10 @@ def test_rebuilds_only_after_dead_rows_piled_up(bloated: psycopg.Connection) -> 
     """Disarmed (it rebuilt before, or the queue merely drained), the keeper leaves bloated
     indexes alone until a look finds more dead rows than its threshold; then it rebuilds once
     they are gone."""
-    with keeper(refuse_above=1000) as watcher:
+    with keeper(refuse_above=10**9) as watcher:
         watcher.armed = False
         assert watcher.check() == "fine"
+        watcher.refuse_above = 1000
         with connect("tests.old-snapshot", autocommit=False) as holder:
             holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             holder.execute(f"SELECT count(*) FROM {TABLE}")
@@ -186,8 +187,10 @@ def test_a_stop_cancels_a_rebuild_and_the_next_look_cleans_up(bloated: psycopg.C
     """A relay stopping mid-rebuild cancels it (the rebuild waits on a long transaction here);
     the invalid copy it leaves is dropped and the indexes rebuilt by the next keeper."""
     grown = bloated.execute(INDEX_BYTES).fetchone()[0]
-    watcher = IndexKeeper(connection_kwargs("default"), interval=0.1, min_bytes=0)
-    with connect("tests.long-writer", autocommit=False) as long_writer:
+    with (
+        connect("tests.long-writer", autocommit=False) as long_writer,
+        IndexKeeper(connection_kwargs("default"), interval=0.1, min_bytes=0) as watcher,
+    ):
         long_writer.execute(INSERT, (1,))  # a transaction with an xid, left open
         watcher.start()
         wait_for(lambda: _reindexing(bloated), timeout=30)
@@ -200,6 +203,31 @@ def test_a_stop_cancels_a_rebuild_and_the_next_look_cleans_up(bloated: psycopg.C
     assert bloated.execute(INVALID).fetchone()[0] >= 1
     with keeper() as again:
         assert again.check() == "rebuilt"
+    assert bloated.execute(INVALID).fetchone() == (0,)
+    assert bloated.execute(INDEX_BYTES).fetchone()[0] < grown / 4
+
+
+def test_an_attempt_that_gives_up_is_tried_again(
+    bloated: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild that waits too long for a long transaction gives up and stays armed: MIN_GAP
+    later the keeper tries again; the invalid copy it left is dropped even by a keeper that
+    is not armed."""
+    monkeypatch.setattr(index_keeper, "LOCK_WAIT", 1.0)
+    grown = bloated.execute(INDEX_BYTES).fetchone()[0]
+    with keeper() as watcher, structlog.testing.capture_logs() as logs:
+        with connect("tests.long-writer", autocommit=False) as long_writer:
+            long_writer.execute(INSERT, (1,))  # a transaction with an xid, left open
+            assert watcher.check() == "rebuilt"
+            assert watcher.armed
+            assert watcher.check() == "waiting"
+        assert bloated.execute(INVALID).fetchone()[0] >= 1
+        watcher.next_try = 0.0
+        watcher.armed = False
+        assert watcher.check() == "rebuilt"
+    gave_up = [e["gave_up"] for e in logs if e["event"] == "outbox.reindex_done"]
+    assert gave_up[0], logs
+    assert gave_up[1] is None, logs
     assert bloated.execute(INVALID).fetchone() == (0,)
     assert bloated.execute(INDEX_BYTES).fetchone()[0] < grown / 4
 
@@ -245,12 +273,14 @@ def test_the_relay_runs_it_only_where_it_has_a_session() -> None:
     only while the relay is not polling, and stops with the relay."""
     from outbox_notify.relay import runner
 
-    listening = SimpleNamespace(config=RelayConfig(), polling=False)
+    listening = SimpleNamespace(config=RelayConfig(), connected=True, polling=False)
     with runner.index_keeper(listening) as running:  # type: ignore[arg-type]
         assert running is not None
         assert running.thread is not None
         assert running.thread.is_alive()
-        listening.polling = True
+        listening.connected = False  # before the LISTEN probe ran, or while reconnecting
+        assert running.check() == "pooled"
+        listening.connected, listening.polling = True, True
         assert running.check() == "pooled"
     assert not running.thread.is_alive()
     polling_only = SimpleNamespace(config=RelayConfig(poll_only=True), polling=True)
