@@ -330,10 +330,14 @@ WHERE i.indrelid = 'outbox_notify_message_v1'::regclass
 """
 # Relays inside a claim: their claim connection idle in a transaction that holds a lock on the
 # outbox table (both releases name the connection alike).
+# A claim waiting for the paused Redis: idle in its transaction for a moment already. One seen
+# just after its LPUSH went through, before its commit, is gone a moment later (a CI run
+# once took such a claim for the one migrate would wait behind).
 CLAIMS = """
 SELECT a.pid, a.xact_start FROM pg_stat_activity AS a
 WHERE a.datname = current_database() AND a.application_name = 'outbox_notify.claim'
   AND a.state = 'idle in transaction'
+  AND a.state_change < clock_timestamp() - interval '300 milliseconds'
   AND EXISTS (SELECT FROM pg_locks AS l WHERE l.pid = a.pid AND l.granted
               AND l.relation = 'outbox_notify_message_v1'::regclass)
 """
