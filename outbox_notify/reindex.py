@@ -23,8 +23,8 @@ from outbox_notify import stats
 
 MIB = 1024 * 1024
 # The relay rebuilds on its own when the indexes take more than BLOAT_RATIO times the table's
-# own size and at least BLOAT_MIN_BYTES. In a steady state they take 1 to 2 times the table
-# (docs/operations.md); after an old snapshot held 360,000 published rows back, 8 times.
+# own size and at least BLOAT_MIN_BYTES: in a steady state the indexes stay of the table's
+# order of size, while after an old snapshot the table is truncated back and they are not.
 BLOAT_RATIO = 4.0
 BLOAT_MIN_BYTES = 16 * MIB
 

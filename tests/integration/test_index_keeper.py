@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import signal
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,24 +28,26 @@ from outbox_notify import index_keeper, reindex, stats
 from outbox_notify.index_keeper import IndexKeeper
 from outbox_notify.relay.config import RelayConfig
 from outbox_notify.relay.runner import connection_kwargs
-from tests.integration.test_reindex import INDEX_BYTES, INSERT, INVALID, TABLE, churn, connect
+from tests.integration.test_reindex import (
+    INDEX_BYTES,
+    INSERT,
+    INVALID,
+    TABLE,
+    bloat,
+    churn,
+    connect,
+    writing,
+)
 from tests.relay_support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROWS = 40_000
-
 
 @pytest.fixture
 def bloated() -> Iterator[psycopg.Connection]:
-    """An outbox whose indexes grew behind a snapshot that has ended since, vacuumed (its
-    table truncated back, as autovacuum's second round does)."""
+    """An outbox whose indexes grew behind a snapshot that has ended since, vacuumed."""
     with connect() as writer:
-        with connect("tests.old-snapshot", autocommit=False) as holder:
-            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            holder.execute(f"SELECT count(*) FROM {TABLE}")
-            churn(writer, ROWS)
-        writer.execute(f"VACUUM {TABLE}")
+        bloat(writer, 40_000)
         yield writer
 
 
@@ -56,26 +57,12 @@ def keeper(refuse_above: int = index_keeper.REFUSE_ABOVE) -> IndexKeeper:
 
 def test_rebuilds_bloated_indexes_while_writers_go_on(bloated: psycopg.Connection) -> None:
     """Indexes many times the table's size are rebuilt, concurrently: a writer keeps committing,
-    every live row stays reachable, no invalid index is left; then the keeper waits MIN_GAP."""
+    every live row stays reachable, no invalid index is left; then the keeper is disarmed."""
     bloated.execute(INSERT, (100,))
     grown = bloated.execute(INDEX_BYTES).fetchone()[0]
-    stop, committed = threading.Event(), []
-
-    def write() -> None:
-        with connect() as conn:
-            while not stop.is_set():
-                conn.execute(INSERT, (1,))
-                committed.append(1)
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        with keeper() as watcher, structlog.testing.capture_logs() as logs:
-            assert watcher.check() == "rebuilt"
-            assert watcher.check() == "fine"  # disarmed: it went through
-    finally:
-        stop.set()
-        writer.join()
+    with writing() as committed, keeper() as watcher, structlog.testing.capture_logs() as logs:
+        assert watcher.check() == "rebuilt"
+        assert watcher.check() == "fine"  # disarmed: it went through
     rebuilt = bloated.execute(INDEX_BYTES).fetchone()[0]
     assert rebuilt < grown / 4, (grown, rebuilt)
     assert committed
@@ -248,11 +235,7 @@ def test_outbox_listen_rebuilds_by_itself(start_relay: Any, relay_env: dict[str,
     """The real relay: `manage.py outbox_listen` gives the space back on its own, at its first
     look a minute after it starts, while it goes on relaying."""
     with connect() as writer:
-        with connect("tests.old-snapshot", autocommit=False) as holder:
-            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            holder.execute(f"SELECT count(*) FROM {TABLE}")
-            churn(writer, BIG_ROWS)
-        writer.execute(f"VACUUM {TABLE}")
+        bloat(writer, BIG_ROWS)
         grown = writer.execute(INDEX_BYTES).fetchone()[0]
         assert grown > reindex.BLOAT_MIN_BYTES
         relay = start_relay("--sweep-interval", "1")

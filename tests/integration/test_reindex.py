@@ -8,6 +8,7 @@ sessions while a REPEATABLE READ session keeps them from being vacuumed.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 from collections.abc import Iterator
@@ -48,15 +49,41 @@ def churn(conn: psycopg.Connection, rows: int) -> None:
         conn.execute(f"DELETE FROM {TABLE} WHERE task_id LIKE 'bloat-%%'")
 
 
+def bloat(writer: psycopg.Connection, rows: int) -> None:
+    """Churn `rows` behind a snapshot that ends afterwards, then vacuum: the table is truncated
+    back, as autovacuum's second round does, and the indexes keep the size they reached."""
+    with connect("tests.old-snapshot", autocommit=False) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute(f"SELECT count(*) FROM {TABLE}")
+        churn(writer, rows)
+    writer.execute(f"VACUUM {TABLE}")
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[list[int]]:
+    """A writer committing one row at a time in a thread while the block runs; its commits."""
+    stop, committed = threading.Event(), []
+
+    def write() -> None:
+        with connect() as conn:
+            while not stop.is_set():
+                conn.execute(INSERT, (1,))
+                committed.append(1)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield committed
+    finally:
+        stop.set()
+        writer.join()
+
+
 @pytest.fixture
 def bloated() -> Iterator[psycopg.Connection]:
     """An outbox whose indexes grew behind a snapshot that has ended since, vacuumed."""
     with connect() as writer:
-        with connect("tests.old-snapshot", autocommit=False) as holder:
-            holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            holder.execute(f"SELECT count(*) FROM {TABLE}")
-            churn(writer, ROWS)
-        writer.execute(f"VACUUM {TABLE}")
+        bloat(writer, ROWS)
         yield writer
 
 
@@ -71,21 +98,8 @@ def test_rebuilds_the_indexes_to_their_size_without_dead_rows(bloated: psycopg.C
     writer goes on committing, and every live row stays reachable through them."""
     bloated.execute(INSERT, (100,))
     grown = bloated.execute(INDEX_BYTES).fetchone()[0]
-    stop, committed = threading.Event(), []
-
-    def write() -> None:
-        with connect() as conn:
-            while not stop.is_set():
-                conn.execute(INSERT, (1,))
-                committed.append(1)
-
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
+    with writing() as committed:
         printed = _run("--min-size", "0")
-    finally:
-        stop.set()
-        writer.join()
     rebuilt = bloated.execute(INDEX_BYTES).fetchone()[0]
     assert rebuilt < grown / 4, (grown, rebuilt, printed)
     assert "outbox indexes:" in printed
