@@ -53,7 +53,9 @@ def _special_queue(queue: dict[str, Any]) -> bool:
     )
 
 
-def _eligible(message: OutgoingMessage, expiring: Any) -> bool:
+def _eligible(message: OutgoingMessage, expiring: Any, special: dict[int, bool]) -> bool:
+    """`special`: _special_queue of each declaration seen in this batch, by identity (the
+    rows of one queue share its declaration: queues.declaration caches it)."""
     spec = message.spec
     if not isinstance(spec.exchange, str) or spec.exchange or not spec.routing_key:
         return False
@@ -61,7 +63,13 @@ def _eligible(message: OutgoingMessage, expiring: Any) -> bool:
         return False
     if expiring and spec.routing_key in expiring:
         return False  # kombu refreshes the queue's x-expires on every publish
-    return not any(_special_queue(q) for q in spec.declare_json)
+    for queue in spec.declare_json:
+        found = special.get(id(queue))
+        if found is None:
+            found = special[id(queue)] = _special_queue(queue)
+        if found:
+            return False
+    return True
 
 
 # Exchange types whose kombu emulation LPUSHes to the bound queues (fanout is pub/sub).
@@ -92,10 +100,36 @@ class RedisPipelinePublisher:
         self.declared: set[str] = set()
         self.declared_on: Any = None
         self.to_general: list[int] = []  # routed messages kombu must send (expiring queues)
+        self.warmed: Any = None  # the producer whose connection warm() readied
 
     def check(self) -> None:
-        """Raise BrokerUnavailable unless the broker can be reached now."""
+        """Raise BrokerUnavailable unless the broker can be reached now; a new connection is
+        readied before the claim that uses it (see warm)."""
         self.fallback.check()
+        producer = self.fallback.producer
+        if producer is not None and producer is not self.warmed:
+            self.warm(producer)
+
+    def warm(self, producer: Any) -> None:
+        """Ready a new connection for its first batch, outside any claim: read the gate (the
+        installed releases, from the packages' metadata) and open a socket of the channel's
+        pool. Left to the first publish, they made the first batch after a start or a
+        reconnect several times as long as the next ones, with every row in it and behind
+        it waiting: the slowest messages of a latency run were the first ones. kombu's
+        channel keeps two pools: the pipelines go through `client`'s, declarations through
+        `conn_or_acquire`'s."""
+        channel = producer.channel
+        gates.redis_problem(channel)
+        try:
+            channel.client.ping()
+            acquire = getattr(channel, "conn_or_acquire", None)
+            if acquire is not None:
+                with acquire() as client:
+                    client.ping()
+        except self.fallback.outage_errors as exc:
+            self.fallback.abandon()
+            raise BrokerUnavailable(f"the broker connection broke: {exc}") from exc
+        self.warmed = producer
 
     def close(self) -> None:
         """Drop the broker connection."""
@@ -115,7 +149,8 @@ class RedisPipelinePublisher:
             self.fallback.report_fallback(problem)
             return self.fallback.publish_each(producer, messages, range(len(messages)), deadline)
         expiring = getattr(channel, "_expires", None)
-        eligible = [_eligible(m, expiring) or _routed(m) for m in messages]
+        special: dict[int, bool] = {}
+        eligible = [_eligible(m, expiring, special) or _routed(m) for m in messages]
         groups = self.isolation.plan(messages)
         if not all(eligible):
             self.fallback.report_fallback("messages kombu would route or encode otherwise")
@@ -225,7 +260,7 @@ class RedisPipelinePublisher:
             try:
                 self._declare(channel, message)
                 queues = self._queues(channel, message, routes)
-                if any(queue in expiring for queue in queues):
+                if expiring and any(queue in expiring for queue in queues):
                     self.to_general.append(index)  # kombu refreshes x-expires per publish
                     continue
                 if not queues:
@@ -243,7 +278,10 @@ class RedisPipelinePublisher:
                 payloads.setdefault(key, []).append(payload)
         replies = self._send(channel, payloads)
         for index, message_keys in keys.items():
-            attempts[index] = _combined([replies[key] for key in message_keys])
+            if len(message_keys) == 1:  # most messages: one list
+                attempts[index] = replies[message_keys[0]]
+            else:
+                attempts[index] = _combined([replies[key] for key in message_keys])
         if self.isolation.suspects:
             self.isolation.cleared([messages[i].row.id for i in keys])
 

@@ -108,10 +108,9 @@ def test_a_claim_that_finds_nothing_or_lets_its_rows_go_keeps_the_claim_prepared
     store.connect()
     store.session_proven()
     try:
-        for _ in range(6):  # psycopg prepares a statement at its fifth execution
-            _insert(3)
-            with store.claim(10) as claim:
-                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        _insert(3)
+        with store.claim(10) as claim:  # prepared at its first execution (PREPARE_THRESHOLD)
+            claim.finish(Outcome(published=[r.id for r in claim.rows]))
         assert _prepared_claims(store) >= 1, (
             list(store.conn._prepared._names) if store.conn else None
         )
@@ -209,10 +208,11 @@ def test_a_listening_relay_plans_its_peek_once() -> None:
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE statement LIKE '%%Before sleeping%%'"
         ).fetchall()
-        assert len(plans) == 1, plans
-        ((generic, custom),) = plans
-        assert custom == 0, plans
-        assert generic >= 1, plans
+        # One prepared statement per set of parameter types: the frontier's first peek, with
+        # nothing read yet, may send other types than the later ones.
+        assert plans, "the peek was not prepared"
+        assert all(custom == 0 for _generic, custom in plans), plans
+        assert max(generic for generic, _custom in plans) >= 10, plans
     finally:
         relay.disconnect()
 
@@ -233,13 +233,18 @@ def test_a_prepared_statement_the_server_no_longer_knows_turns_preparing_off_for
             with store.claim(10) as claim:
                 claim.finish(Outcome(published=[r.id for r in claim.rows]))
         assert store.conn is not None
-        (name,) = store.conn.execute(
-            "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
-        ).fetchone() or (None,)
-        assert name is not None
-        # DEALLOCATE of one name: psycopg does not notice (it drops its cache only on
-        # DEALLOCATE ALL), as it cannot notice another client's pooler reusing the session.
-        store.conn.execute(pg_sql.SQL("DEALLOCATE {}").format(pg_sql.Identifier(name)))
+        names = [
+            name
+            for (name,) in store.conn.execute(
+                "SELECT name FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
+            ).fetchall()
+        ]
+        assert names
+        # DEALLOCATE by name (every shape of the claim prepared so far): psycopg does not
+        # notice (it drops its cache only on DEALLOCATE ALL), as it cannot notice another
+        # client's pooler reusing the session.
+        for name in names:
+            store.conn.execute(pg_sql.SQL("DEALLOCATE {}").format(pg_sql.Identifier(name)))
         store.conn.commit()
         _insert(2)
         with capture_logs() as logs, pytest.raises(DatabaseUnavailable), store.claim(10):

@@ -250,3 +250,37 @@ def test_redis_gate_sends_through_kombu_and_says_why_once(
     unavailable = [e for e in logs if e["event"] == "outbox.fast_path_unavailable"]
     assert len(unavailable) == 1
     assert reason in unavailable[0]["reason"]
+
+
+def _sockets(channel: Any) -> int:
+    """Connections opened so far by both of the channel's pools (pipelines, declarations)."""
+    with channel.conn_or_acquire() as client:
+        pools = (channel.client.connection_pool, client.connection_pool)
+        return sum(pool._created_connections for pool in pools)
+
+
+def test_check_readies_a_new_connection_before_its_first_publish(
+    redis_url: str, queue_name: str
+) -> None:
+    """check(), called before each claim, opens the sockets and reads the gate's releases for
+    a new connection, so the first batch after a start or a reconnect does not do it inside
+    its claim; the same again after a reconnect."""
+    message = messages.prepare(claimed(queue_name), dt.datetime.now(dt.UTC))
+    publisher = RedisPipelinePublisher(KombuPublisher(_redis_app(redis_url), send_timeout=5))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for _connection in range(2):
+            publisher.check()
+            producer = publisher.fallback.producer
+            assert producer is not None
+            opened = _sockets(producer.channel)
+            assert opened >= 2, "check() left a pool without a connection"
+            for _ in range(2):
+                publisher.check()
+                assert publisher.publish([message], lambda: False)[0].result is Result.PUBLISHED
+            assert _sockets(producer.channel) == opened, "the first publish opened a socket"
+            publisher.close()
+        assert client.llen(queue_name) == 4
+    finally:
+        publisher.close()
+        client.delete(queue_name)
