@@ -306,9 +306,12 @@ def _declared(options: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str | N
     named = options.get("queue")
     if named is None:
         return serialization.declare_list(options.get("declare")), None
-    if not (isinstance(named, list) and len(named) == 2 and all(isinstance(p, str) for p in named)):
+    # Read for every row a relay publishes: no generator here.
+    if not (isinstance(named, list) and len(named) == 2):
         raise TypeError("queue must be [name, digest]")
     name, stored_digest = named
+    if not (isinstance(name, str) and isinstance(stored_digest, str)):
+        raise TypeError("queue must be [name, digest]")
     declaration = queues.declaration(name, stored_digest)
     return ([] if declaration is None else [declaration]), name
 

@@ -100,6 +100,9 @@ def test_headers_not_in_celerys_order_keep_the_full_layout() -> None:
         {},
         {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "headers": []},
         {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "queue": "q"},
+        {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "queue": ["q"]},
+        {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "queue": ["q", 1]},
+        {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "queue": [1, "d"]},
         {"argsrepr": "()", "kwargsrepr": "{}", "origin": "o", "reply_to": "r", "embed": 3},
     ],
 )
