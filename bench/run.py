@@ -98,6 +98,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="the commit the versus scenario runs against, alternating (default: bench.versus.DEFAULT_REV)",
     )
     parser.add_argument(
+        "--versus-rounds",
+        metavar="N",
+        type=int,
+        default=None,
+        help="rounds of the versus scenario (default 4, quick 2): more rounds, steadier medians on a noisy machine",
+    )
+    parser.add_argument(
         "--render", type=Path, metavar="JSON", help="only write the docs again from a saved report"
     )
     parser.add_argument(
@@ -117,6 +124,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args.brokers = [b for b in brokers.KEYS if b in {x.strip() for x in args.brokers.split(",")}]
     if not args.brokers:
         parser.error(f"--brokers names none of {', '.join(brokers.KEYS)}")
+    if args.versus_rounds is not None and args.versus_rounds < 1:
+        parser.error("--versus-rounds must be at least 1")
     args.out = args.out or RESULTS / ("quick.json" if args.quick else "latest.json")
     args.write_docs = not args.no_docs and (args.write_docs or not args.quick)
     if args.profile is None:
@@ -202,7 +211,9 @@ def benchmark(args: argparse.Namespace, command: str) -> dict[str, Any]:
         work_dir(args.work_dir) as folder,
         setup.world(folder, peer=args.peer, quick=args.quick, brokers=args.brokers) as world,
     ):
-        scenarios = run_scenarios(world, args.scenarios, args.profile, args.versus)
+        scenarios = run_scenarios(
+            world, args.scenarios, args.profile, args.versus, args.versus_rounds
+        )
         return {
             "command": command,
             "mode": "quick" if args.quick else "full",
@@ -233,7 +244,11 @@ def guarded(name: str, body: Callable[[], Any]) -> dict[str, Any]:
 
 
 def run_scenarios(
-    world: Any, names: list[str], profile: bool, versus_rev: str | None = None
+    world: Any,
+    names: list[str],
+    profile: bool,
+    versus_rev: str | None = None,
+    versus_rounds: int | None = None,
 ) -> dict[str, Any]:
     """Each chosen scenario in a fixed order; the peer's crash waits overlap the others."""
     from bench import drain, idle, latency, micro, snapshot, soak, versus
@@ -248,7 +263,9 @@ def run_scenarios(
         "enqueue": micro.enqueue,
         "delay": _delay,
         "ceiling": micro.ceiling,
-        "versus": functools.partial(versus.run, rev=versus_rev or versus.DEFAULT_REV),
+        "versus": functools.partial(
+            versus.run, rev=versus_rev or versus.DEFAULT_REV, rounds=versus_rounds
+        ),
     }
     results: dict[str, Any] = {}
     waiting: dict[str, list[Any]] = {}

@@ -151,8 +151,9 @@ def old_world(world: World, previous: Previous) -> Iterator[Side]:
         yield with_template(side, template_from_output(out))
 
 
-def run(world: World, rev: str = DEFAULT_REV) -> dict[str, Any]:
-    """Alternating rounds of drain and latency, the previous commit's relay and ours."""
+def run(world: World, rev: str = DEFAULT_REV, rounds: int | None = None) -> dict[str, Any]:
+    """Alternating rounds of drain and latency, the previous commit's relay and ours
+    (`rounds`: ROUNDS, QUICK_ROUNDS in quick mode)."""
     redis = next((b for b in world.brokers if b.key == REDIS), None)
     if redis is None:
         raise BenchError(
@@ -161,7 +162,8 @@ def run(world: World, rev: str = DEFAULT_REV) -> dict[str, Any]:
     world = world.on(redis)
     previous = prepare(rev)
     ours = next(s for s in world.sides if s.key == OURS.key)
-    rounds = QUICK_ROUNDS if world.quick else ROUNDS
+    if rounds is None:
+        rounds = QUICK_ROUNDS if world.quick else ROUNDS
     runs: list[dict[str, Any]] = []
     with old_world(world, previous) as old:
         for rnd in range(rounds):

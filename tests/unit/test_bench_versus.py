@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from bench import run, versus
 
 
@@ -62,3 +64,13 @@ def test_versus_is_a_scenario_and_takes_its_commit() -> None:
     assert args.scenarios == ["versus"]
     assert args.versus == "v1.0"
     assert "versus" in run.parse_args(["--quick"]).scenarios
+
+
+def test_versus_rounds_is_taken_and_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--versus-rounds N` reaches the scenario; 0 is refused before anything starts."""
+    args = run.parse_args(["--scenarios", "versus", "--versus-rounds", "8"])
+    assert args.versus_rounds == 8
+    assert run.parse_args(["--scenarios", "versus"]).versus_rounds is None
+    with pytest.raises(SystemExit):
+        run.parse_args(["--scenarios", "versus", "--versus-rounds", "0"])
+    assert "--versus-rounds must be at least 1" in capsys.readouterr().err
