@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import os
 import statistics
 import subprocess
@@ -187,7 +188,8 @@ def one_run(world: World, side: Side, which: str, rnd: int) -> dict[str, Any]:
     drained = drain.one_drain(world, side, 1, backlog)
     seconds = QUICK_SECONDS if world.quick else SECONDS
     timed = latency.one_round(world, side, (RATE,), seconds)[RATE]
-    ordered = sorted(timed.pop("latencies_ms"))
+    in_commit_order = timed.pop("latencies_ms")
+    ordered = sorted(in_commit_order)
     row = {
         "round": rnd,
         "side": which,
@@ -196,6 +198,7 @@ def one_run(world: World, side: Side, which: str, rnd: int) -> dict[str, Any]:
         "pg_cpu_us_per_msg": drained["pg_cpu_us_per_msg"],
         "p50_ms": timed["p50_ms"],
         "p99_ms": latency.percentile(ordered, 99) if ordered else None,
+        "first_ms": first_messages(in_commit_order),
         "missing": timed["missing"],
     }
     db.reset(world, side)
@@ -203,14 +206,31 @@ def one_run(world: World, side: Side, which: str, rnd: int) -> dict[str, Any]:
         f"bench: versus round {rnd} {side.label:>12}: drain {row['drain_per_s']:,.0f} msg/s,"
         f" CPU/msg relay {num(row['relay_cpu_us_per_msg'])} µs,"
         f" PostgreSQL {num(row['pg_cpu_us_per_msg'])} µs; at {RATE} msg/s p50 {ms(row['p50_ms'])}"
-        f" p99 {ms(row['p99_ms'])}",
+        f" p99 {ms(row['p99_ms'])}, first {FIRST} {ms(row['first_ms'])}",
         file=sys.stderr,
         flush=True,
     )
     return row
 
 
-FIGURES = ("drain_per_s", "relay_cpu_us_per_msg", "pg_cpu_us_per_msg", "p50_ms", "p99_ms")
+FIGURES = (
+    "drain_per_s",
+    "relay_cpu_us_per_msg",
+    "pg_cpu_us_per_msg",
+    "p50_ms",
+    "p99_ms",
+    "first_ms",
+)
+FIRST = 25  # messages: the first 1 % of a latency run, committed right after the relay started
+
+
+def first_messages(in_commit_order: list[float]) -> float | None:
+    """Median latency of the latency run's FIRST messages (the relay had just started: its
+    first batches pay for first uses); None when one of them never arrived."""
+    head = sorted(in_commit_order[:FIRST])
+    if not head or math.isinf(head[len(head) // 2]):
+        return None
+    return statistics.median(head)
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -218,7 +238,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     medians: dict[str, Any] = {}
     for figure in FIGURES:
         values = {
-            which: [r[figure] for r in runs if r["side"] == which and r[figure] is not None]
+            which: [r[figure] for r in runs if r["side"] == which and r.get(figure) is not None]
             for which in ("old", "now")
         }
         old, now = (statistics.median(v) if v else None for v in values.values())
@@ -232,6 +252,7 @@ LABELS = {
     "pg_cpu_us_per_msg": "PostgreSQL CPU per message (µs)",
     "p50_ms": "commit → broker p50",
     "p99_ms": "commit → broker p99",
+    "first_ms": f"commit → broker, first {FIRST} messages (median)",
 }
 
 
@@ -254,7 +275,7 @@ def markdown(result: dict[str, Any], sides: dict[str, str] | None = None) -> str
     head.append(table(["median", f"`{rev}`", "this checkout", "ratio"], medians))
     runs = [
         [str(r["round"]), rev if r["side"] == "old" else "this checkout"]
-        + [_figure(f, r[f]) for f in FIGURES]
+        + [_figure(f, r.get(f)) for f in FIGURES]
         for r in result["runs"]
     ]
     head.append(table(["round", "code", *(LABELS[f] for f in FIGURES)], runs))

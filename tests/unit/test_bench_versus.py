@@ -74,3 +74,30 @@ def test_versus_rounds_is_taken_and_must_be_positive(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit):
         run.parse_args(["--scenarios", "versus", "--versus-rounds", "0"])
     assert "--versus-rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_first_messages_is_the_median_of_the_runs_head_in_commit_order() -> None:
+    """The first FIRST latencies as committed, not the smallest; a lost one among them: None."""
+    slow_head = [30.0 + i for i in range(versus.FIRST)]
+    assert versus.first_messages([*slow_head, *([1.0] * 100)]) == 30.0 + versus.FIRST // 2
+    assert versus.first_messages([]) is None
+    lost = [float("inf")] * versus.FIRST
+    assert versus.first_messages([*lost, 1.0]) is None
+
+
+def test_a_report_saved_before_the_first_messages_figure_still_renders() -> None:
+    """Runs without `first_ms` (bench/results/versus.json of earlier commits) read as n/a."""
+    summary = versus.summary(RUNS)
+    assert summary["first_ms"] == {"old": None, "now": None, "ratio": None}
+    result = {
+        "rev": "79badb9",
+        "commit": "79badb9f276bdaa17230cac4f336f62f79ba4f54",
+        "backlog": 50_000,
+        "rate": 500,
+        "seconds": 5.0,
+        "runs": RUNS,
+        "summary": summary,
+    }
+    assert "| commit → broker, first 25 messages (median) | n/a | n/a | n/a |" in versus.markdown(
+        result, {}
+    )
