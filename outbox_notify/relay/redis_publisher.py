@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import structlog
 from kombu.common import maybe_declare
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
@@ -40,6 +41,8 @@ from outbox_notify.relay.publisher import (
     may_start,
     unroutable_error,
 )
+
+log = structlog.get_logger("outbox_notify")
 
 # Queue arguments that make kombu's Redis transport do more than one LPUSH per message.
 _SPECIAL_QUEUE_ARGS = ("expires", "message_ttl", "max_length", "max_length_bytes")
@@ -100,39 +103,48 @@ class RedisPipelinePublisher:
         self.declared: set[str] = set()
         self.declared_on: Any = None
         self.to_general: list[int] = []  # routed messages kombu must send (expiring queues)
-        self.warmed: Any = None  # the producer whose connection warm() readied
+        self.warmed: Any = None  # the channel warm() readied
 
     def check(self) -> None:
-        """Raise BrokerUnavailable unless the broker can be reached now; a new connection is
+        """Raise BrokerUnavailable unless the broker can be reached now; a new channel is
         readied before the claim that uses it (see warm)."""
         self.fallback.check()
         producer = self.fallback.producer
-        if producer is not None and producer is not self.warmed:
-            self.warm(producer)
+        if producer is not None and producer.channel is not self.warmed:
+            self.warm(producer.channel)
 
-    def warm(self, producer: Any) -> None:
-        """Ready a new connection for its first batch, outside any claim: read the gate (the
-        installed releases, from the packages' metadata) and open a socket of the channel's
-        pool. Left to the first publish, they made the first batch after a start or a
-        reconnect several times as long as the next ones, with every row in it and behind
-        it waiting: the slowest messages of a latency run were the first ones. kombu's
-        channel keeps two pools: the pipelines go through `client`'s, declarations through
-        `conn_or_acquire`'s."""
-        channel = producer.channel
+    def warm(self, channel: Any) -> None:
+        """Ready a new channel for its first batch, outside any claim: read the gate (the
+        installed releases, from the packages' metadata) and open a socket of the pool
+        kombu declares queues through (`conn_or_acquire`'s; the pipelines' pool, `client`'s,
+        has one since kombu pinged it when it made the channel). Left to the first publish,
+        they made the first batch after a start or a reconnect several times as long as the
+        next ones, with every row in it and behind it waiting: the slowest messages of a
+        latency run were the first ones.
+
+        Only an optimisation: an error other than an outage is logged and the channel counts
+        as readied (the first publish opens the socket and meets the error, as before)."""
+        self.warmed = channel
         gates.redis_problem(channel)
+        acquire = getattr(channel, "conn_or_acquire", None)
+        if acquire is None:
+            return
         try:
-            channel.client.ping()
-            acquire = getattr(channel, "conn_or_acquire", None)
-            if acquire is not None:
-                with acquire() as client:
-                    client.ping()
+            with acquire() as client:
+                client.ping()
         except self.fallback.outage_errors as exc:
+            self.warmed = None
             self.fallback.abandon()
             raise BrokerUnavailable(f"the broker connection broke: {exc}") from exc
-        self.warmed = producer
+        except Exception as exc:
+            if broker_refuses_writes(exc):  # MISCONF and the like: Redis refuses everyone
+                self.warmed = None
+                raise BrokerUnavailable(f"the broker refuses writes: {error_text(exc)}") from exc
+            log.info("outbox.broker_warm_up_failed", error=error_text(exc))
 
     def close(self) -> None:
         """Drop the broker connection."""
+        self.warmed = None
         self.fallback.close()
 
     def publish(

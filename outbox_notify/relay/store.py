@@ -178,10 +178,11 @@ class Store(Protocol):
     def session_proven(self) -> None: ...
 
 
-# psycopg prepares a statement at its first execution with 0 (its default is the fifth): the
-# claim is parsed once per connection instead of at every claim (see ClaimStore.session_proven),
-# and not for the first five claims after a start either: those made the first batches after
-# a start several times as slow as the next ones, and their rows the slowest of a latency run.
+# With 0, psycopg prepares a statement at its first execution (its default: the fifth). The
+# claim is then parsed once per connection rather than at every claim (see
+# ClaimStore.session_proven), from the first claim after a start on: with the default, the
+# first five claims were parsed and planned afresh, which made the first batches after a start
+# several times as slow as the next ones, and their rows the slowest of a latency run.
 PREPARE_THRESHOLD = 0
 # What a transaction pooler that does not track prepared statements answers: the statement
 # is missing, its name is taken, or another client's statement of that name has other

@@ -284,3 +284,47 @@ def test_check_readies_a_new_connection_before_its_first_publish(
     finally:
         publisher.close()
         client.delete(queue_name)
+
+
+@pytest.mark.parametrize(
+    ("reply", "outage"),
+    [("MISCONF Redis is configured to save RDB snapshots", True), ("ERR unknown command", False)],
+    ids=["refuses-writes", "other-error"],
+)
+def test_a_warm_up_refused_is_an_outage_and_any_other_error_is_let_go(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, reply: str, outage: bool
+) -> None:
+    """Readying a new channel is an optimisation: Redis refusing every write is an outage
+    (BrokerUnavailable, before any claim), any other error is logged and the relay goes on."""
+    import contextlib
+
+    import structlog
+
+    from outbox_notify.exceptions import BrokerUnavailable
+
+    publisher = RedisPipelinePublisher(KombuPublisher(_redis_app(redis_url), send_timeout=5))
+
+    class Refusing:
+        def ping(self) -> None:
+            raise redis.ResponseError(reply)
+
+    @contextlib.contextmanager
+    def refusing() -> Any:
+        yield Refusing()
+
+    try:
+        publisher.fallback.check()
+        producer = publisher.fallback.producer
+        assert producer is not None
+        monkeypatch.setattr(producer.channel, "conn_or_acquire", refusing, raising=False)
+        with structlog.testing.capture_logs() as logs:
+            if outage:
+                with pytest.raises(BrokerUnavailable, match="refuses writes"):
+                    publisher.check()
+            else:
+                publisher.check()
+                publisher.check()  # readied once: not tried again on the same channel
+        events = [e["event"] for e in logs]
+        assert events == ([] if outage else ["outbox.broker_warm_up_failed"])
+    finally:
+        publisher.close()
