@@ -26,6 +26,7 @@ from outbox_notify.relay.store import (
     KEEPALIVES,
     PREPARE_THRESHOLD,
     Peek,
+    stable_int_types,
     translated,
 )
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -123,6 +124,7 @@ class Listener:
                     **{**options, **self.params, **{"application_name": LISTEN_APPLICATION_NAME}},
                     autocommit=True,
                 )
+        stable_int_types(conn)
         self.conn = conn
         self.holds_lock = False
         self.bounded = conn.info.server_version >= IDLE_SESSION_TIMEOUT_SINCE

@@ -194,6 +194,22 @@ PREPARED_REFUSED = (
 )
 
 
+INT8_OID = 20
+
+
+def stable_int_types(conn: psycopg.Connection[Any]) -> None:
+    """Send every Python int as a bigint on this connection.
+
+    psycopg sends each int as the smallest type that holds its value (smallint, integer or
+    bigint), and keeps a prepared statement per query and parameter types. A claim's
+    positions change type as they move (an id past 32,767; LAST_ID once an index was read to
+    its end), so each shape of the claim was prepared and planned again for every mix of
+    types it met: several times over a relay's first claims, each in a batch's time.
+    """
+    for fmt in (pq.Format.TEXT, pq.Format.BINARY):
+        conn.adapters.register_dumper(int, conn.adapters.get_dumper_by_oid(INT8_OID, fmt))
+
+
 @dataclasses.dataclass(slots=True)
 class Preparing:
     """Whether a relay's claim connections may prepare statements: one object, shared by its
@@ -262,6 +278,7 @@ class ClaimStore:
         params["application_name"] = CLAIM_APPLICATION_NAME
         with translated("connecting the claim connection"):
             self.conn = psycopg.connect(**params, autocommit=False)
+        stable_int_types(self.conn)
         # A new connection may lead elsewhere (a failover, a DSN now behind a pooler): it
         # prepares once its own probe went through.
         self.prepare = False

@@ -309,3 +309,33 @@ def test_each_shape_of_the_claim_takes_what_its_parts_find(recheck: bool, late: 
         assert int(txid) not in store.frontier.late
     finally:
         store.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_shape_of_the_claim_is_prepared_once_whatever_its_positions_values() -> None:
+    """psycopg would send a small id as a smallint and a larger one as an integer or a bigint,
+    and prepare the claim again for each mix of types; the relay's connections send every
+    int as a bigint, so the claim of one shape is prepared (and planned) once."""
+    store = ClaimStore(
+        runner.connection_kwargs("default"), stale_timeout=30, preparing=Preparing(allowed=True)
+    )
+    store.connect()
+    store.session_proven()
+    try:
+        for ready_id in (0, 40_000, 2**40):
+            store.frontier.recheck.clear()
+            store.frontier.late.clear()
+            store.frontier.ready = (store.frontier.ready[0], ready_id)
+            with store.claim(10) as claim:
+                assert claim.rows == []
+        assert list(store.claim_shapes) == [(False, False)]
+        assert store.conn is not None
+        found = store.conn.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
+            " AND statement NOT LIKE '%%pg_prepared_statements%%'",
+            prepare=False,
+        ).fetchone()
+        store.conn.commit()
+        assert found == (1,)
+    finally:
+        store.close()
