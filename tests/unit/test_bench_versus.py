@@ -32,6 +32,19 @@ RUNS = [
 ]
 
 
+def _result(summary: dict[str, Any]) -> dict[str, Any]:
+    """A versus report over RUNS against 79badb9, as versus.run returns it."""
+    return {
+        "rev": "79badb9",
+        "commit": "79badb9f276bdaa17230cac4f336f62f79ba4f54",
+        "backlog": 50_000,
+        "rate": 500,
+        "seconds": 5.0,
+        "runs": RUNS,
+        "summary": summary,
+    }
+
+
 def test_summary_takes_each_sides_median_and_the_ratio_of_the_medians() -> None:
     """Medians per side over the runs that have the figure; ratio = now / old; None when missing."""
     summary = versus.summary(RUNS)
@@ -42,15 +55,7 @@ def test_summary_takes_each_sides_median_and_the_ratio_of_the_medians() -> None:
 
 def test_markdown_shows_the_medians_and_every_run() -> None:
     """The section names the commit, gives the ratio row and one line per run."""
-    result = {
-        "rev": "79badb9",
-        "commit": "79badb9f276bdaa17230cac4f336f62f79ba4f54",
-        "backlog": 50_000,
-        "rate": 500,
-        "seconds": 5.0,
-        "runs": RUNS,
-        "summary": versus.summary(RUNS),
-    }
+    result = _result(versus.summary(RUNS))
     text = versus.markdown(result, {})
     assert "| drain, 1 relay (msg/s) | 13,000 | 10,000 | 0.77 |" in text
     for row in RUNS:
@@ -89,15 +94,7 @@ def test_a_report_saved_before_the_first_messages_figure_still_renders() -> None
     """Runs without `first_ms` (bench/results/versus.json of earlier commits) read as n/a."""
     summary = versus.summary(RUNS)
     assert summary["first_ms"] == {"old": None, "now": None, "ratio": None}
-    result = {
-        "rev": "79badb9",
-        "commit": "79badb9f276bdaa17230cac4f336f62f79ba4f54",
-        "backlog": 50_000,
-        "rate": 500,
-        "seconds": 5.0,
-        "runs": RUNS,
-        "summary": summary,
-    }
+    result = _result(summary)
     assert "| commit → broker, first 25 messages (median) | n/a | n/a | n/a |" in versus.markdown(
         result, {}
     )
