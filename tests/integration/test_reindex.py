@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import threading
+import time
 from collections.abc import Iterator
 
 import psycopg
@@ -32,6 +33,15 @@ INSERT = (
     " FROM generate_series(1, %s)"
 )
 INDEX_BYTES = f"SELECT pg_indexes_size('{TABLE}')"
+HEAP_BYTES = f"SELECT pg_relation_size('{TABLE}')"
+TRUNCATED_BYTES = 64 * 1024  # an emptied outbox, vacuumed and truncated: a page or two
+TRUNCATE_WAIT = 30.0  # seconds bloat() vacuums again while another session holds the rows
+# Sessions of this database whose snapshot or locks can keep VACUUM from freeing or truncating.
+HOLDERS = (
+    "SELECT pid, application_name, state, backend_xmin, xact_start, left(query, 80)"
+    " FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    " AND (backend_xmin IS NOT NULL OR xact_start IS NOT NULL)"
+)
 INVALID = f"SELECT count(*) FROM pg_index WHERE indrelid = '{TABLE}'::regclass AND NOT indisvalid"
 ROWS = 40_000
 
@@ -56,7 +66,20 @@ def bloat(writer: psycopg.Connection, rows: int) -> None:
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         holder.execute(f"SELECT count(*) FROM {TABLE}")
         churn(writer, rows)
-    writer.execute(f"VACUUM {TABLE}")
+    # VACUUM frees the dead rows and truncates the emptied tail only if no other session of the
+    # database still holds a snapshot from before the deletes, and it gets the table's lock for
+    # a moment: a session an earlier test left may still be ending. Vacuum again until the
+    # table is back to a few pages, as autovacuum's next round would; name the holders if not.
+    deadline = time.monotonic() + TRUNCATE_WAIT
+    while True:
+        writer.execute(f"VACUUM {TABLE}")
+        heap = writer.execute(HEAP_BYTES).fetchone()[0]
+        if heap <= TRUNCATED_BYTES:
+            return
+        if time.monotonic() > deadline:
+            holders = writer.execute(HOLDERS).fetchall()
+            raise AssertionError(f"{TABLE} stays at {heap} bytes after VACUUM; holders: {holders}")
+        time.sleep(0.5)
 
 
 @contextlib.contextmanager
