@@ -337,6 +337,35 @@ class ClaimStore:
             return
         self.prepare = True
         self.conn.prepare_threshold = PREPARE_THRESHOLD
+        self._prepare_claims()
+
+    def _prepare_claims(self) -> None:
+        """Prepare the claim in its four shapes, and the finalising delete, before the first
+        claim: each is planned once, now, instead of inside the first claim that needs it (a
+        relay's first batches after a start, or a first row to recheck in the middle of a
+        drain, paid for it); the frontier's save too. Each shape runs with LIMIT 0 and lists of one value that matches
+        nothing, so its parameters have the types of a real claim's; it takes no row, and the
+        transaction ends with a commit (release()), which keeps what was prepared.
+        """
+        conn = self._connection()
+        values = {**self.frontier.params(), "limit": 0, "max_version": SCHEMA_VERSION}
+        values["recheck"] = values["recheck"] or [0]  # ids start at 1
+        values["late"] = values["late"] or ["0"]  # no transaction has txid 0
+        try:
+            with self._statements("preparing the claim"), conn.pipeline():
+                conn.execute(
+                    self.queries["set_claim_timeout"], {"timeout_ms": self.stale_timeout_ms}
+                )
+                for recheck in (False, True):
+                    for late in (False, True):
+                        text, names = self.claim_shape(recheck, late)
+                        psycopg.RawCursor(conn).execute(text, [values[name] for name in names])
+                conn.execute(self.queries["delete_published"], {"ids": [0]})
+                # The frontier as loaded, saved again: the first claim has no save to make.
+                self.next_save = time.monotonic() + FRONTIER_SAVE_INTERVAL
+                self._save(conn)
+        finally:
+            self.release()
 
     def _refused(self, exc: BaseException | None) -> None:
         """Prepared statements off for good if `exc` is the server refusing one of them."""

@@ -311,6 +311,55 @@ def test_each_shape_of_the_claim_takes_what_its_parts_find(recheck: bool, late: 
         store.close()
 
 
+def _prepared(store: ClaimStore) -> list[tuple[str, int, int]]:
+    """The relay's own statements prepared on the claim connection: (text, generic plans,
+    custom plans), read outside any claim."""
+    assert store.conn is not None
+    found = store.conn.execute(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        " WHERE statement NOT LIKE '%%pg_prepared_statements%%'",
+        prepare=False,
+    ).fetchall()
+    store.conn.commit()
+    return [(text, generic, custom) for text, generic, custom in found]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_is_prepared_in_each_shape_before_the_first_claim() -> None:
+    """Once the probe proves a session of its own, the claim's four shapes, the finalising
+    delete and the frontier's save are planned at once, not inside the first claims; the
+    warm-up takes no row."""
+    _insert(3)
+    store = ClaimStore(
+        runner.connection_kwargs("default"), stale_timeout=30, preparing=Preparing(allowed=True)
+    )
+    store.connect()
+    try:
+        assert _prepared(store) == []
+        store.session_proven()
+        prepared = _prepared(store)
+        claims = [text for text, _, _ in prepared if "AS part" in text]
+        assert len(claims) == 4, prepared
+        assert sum("_recheck" in text or "rechecked" in text for text in claims) == 2, claims
+        assert sum("late_ready" in text for text in claims) == 2, claims
+        for statement in ("DELETE FROM outbox_notify_message_v1 WHERE id = ANY", "SET state ="):
+            assert any(statement in text for text, *_ in prepared), (statement, prepared)
+        assert all(
+            generic == 1 and custom == 0 for text, generic, custom in prepared if "AS part" in text
+        )
+        # Nothing was taken or left locked: another session takes the rows at once.
+        with connection.cursor() as cur:
+            cur.execute("SELECT id FROM outbox_notify_message_v1 FOR UPDATE SKIP LOCKED")
+            assert len(cur.fetchall()) == 3
+        with store.claim(10) as claim:
+            assert len(claim.rows) == 3
+            claim.finish(Outcome(published=[r.id for r in claim.rows]))
+        assert not OutboxMessage.objects.exists()
+        assert len(_prepared(store)) == len(prepared), "a claim prepared a statement again"
+    finally:
+        store.close()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_one_shape_of_the_claim_is_prepared_once_whatever_its_positions_values() -> None:
     """psycopg would send a small id as a smallint and a larger one as an integer or a bigint,
@@ -328,14 +377,8 @@ def test_one_shape_of_the_claim_is_prepared_once_whatever_its_positions_values()
             store.frontier.ready = (store.frontier.ready[0], ready_id)
             with store.claim(10) as claim:
                 assert claim.rows == []
-        assert list(store.claim_shapes) == [(False, False)]
-        assert store.conn is not None
-        found = store.conn.execute(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%AS part%%'"
-            " AND statement NOT LIKE '%%pg_prepared_statements%%'",
-            prepare=False,
-        ).fetchone()
-        store.conn.commit()
-        assert found == (1,)
+        shape, _ = store.claim_shape(False, False)
+        copies = [text for text, _, _ in _prepared(store) if text == shape]
+        assert len(copies) == 1, copies
     finally:
         store.close()
