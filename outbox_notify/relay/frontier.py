@@ -33,6 +33,10 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+import structlog
+
+log = structlog.get_logger("outbox_notify")
+
 # A position before every row of an index: (txid, id) and (retry_after, id).
 START_TXID = 0
 START_TIME = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -97,6 +101,51 @@ class Taken(NamedTuple):
 STATE_FORMAT = 1  # the layout of a saved frontier (outbox_notify_frontier_v1.state)
 
 
+MAX_TXID = 2**64 - 1  # an xid8
+
+
+def _txid(value: Any) -> int:
+    """A transaction id as saved: its decimal digits (an xid8 does not fit JSON's numbers)."""
+    if not (isinstance(value, str) and value.isascii() and value.isdigit()):
+        raise ValueError(f"not a transaction id: {value!r}")
+    txid = int(value)
+    if txid > MAX_TXID:
+        raise ValueError(f"past the largest transaction id: {value!r}")
+    return txid
+
+
+def _row_id(value: Any) -> int:
+    """A row id as saved: an integer a bigint holds, as every claim sends it."""
+    if type(value) is not int or not 0 <= value <= LAST_ID:
+        raise ValueError(f"not a row id: {value!r}")
+    return value
+
+
+def _time(value: Any) -> dt.datetime:
+    """A position in time as saved: ISO 8601 with its time zone, as the database compares it."""
+    if not isinstance(value, str):
+        raise TypeError(f"not a time: {value!r}")
+    moment = dt.datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        raise ValueError(f"a time without a time zone: {value!r}")
+    return moment
+
+
+def _list(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError(f"not a list: {value!r}")
+    return value
+
+
+def _unreadable(state: Any, error: str) -> None:
+    log.warning(
+        "outbox.frontier_unreadable",
+        error=error,
+        state=str(state)[:200],
+        hint="starting from the beginning of every index; the next save supersedes it",
+    )
+
+
 class Frontier:
     """One relay's claim positions, shared by its claim connections and its LISTEN side."""
 
@@ -124,22 +173,35 @@ class Frontier:
             "recheck": sorted(self.recheck | self.held),
         }
 
-    def load(self, state: dict[str, Any] | None) -> None:
+    def load(self, state: Any) -> None:
         """Start from a frontier another relay (or this one, before a restart) saved.
 
         Any saved frontier is a safe start: it was true when saved, and whatever happened
         since is ahead of it, among its transactions to look up, or among its rows to recheck
         (the saving relay's open claims included). None, or an unknown layout: start from
-        the beginning of every index.
+        the beginning of every index, which is always safe, only slower past dead rows. So is
+        a saved frontier that cannot be read (edited by hand, damaged): it is logged
+        (outbox.frontier_unreadable) rather than left to stop every relay at its start, or to
+        fail every claim with a position the database refuses.
         """
         self.loaded = True
-        if not state or state.get("format") != STATE_FORMAT:
+        if not isinstance(state, dict):
+            if state:
+                _unreadable(state, "not a JSON object")
             return
-        self.ready = (int(state["ready"][0]), int(state["ready"][1]))
-        self.due = (dt.datetime.fromisoformat(state["due"][0]), int(state["due"][1]))
-        self.scheduled = (int(state["scheduled"][0]), int(state["scheduled"][1]))
-        self.late = {int(x) for x in state["late"]}
-        self.recheck = {int(i) for i in state["recheck"]}
+        if state.get("format") != STATE_FORMAT:
+            return
+        try:
+            ready = (_txid(state["ready"][0]), _row_id(state["ready"][1]))
+            due = (_time(state["due"][0]), _row_id(state["due"][1]))
+            scheduled = (_txid(state["scheduled"][0]), _row_id(state["scheduled"][1]))
+            late = {_txid(x) for x in _list(state["late"])}
+            recheck = {_row_id(i) for i in _list(state["recheck"])}
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            _unreadable(state, f"{type(exc).__name__}: {exc}")
+            return
+        self.ready, self.due, self.scheduled = ready, due, scheduled
+        self.late, self.recheck = late, recheck
 
     # -- what queries read ---------------------------------------------------------------
 

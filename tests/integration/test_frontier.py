@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from structlog.testing import capture_logs
 
 from outbox_notify import sql
 from outbox_notify.relay.frontier import Frontier
@@ -375,6 +376,78 @@ def test_a_frontier_saved_by_a_relay_of_an_older_schema_version_is_not_loaded(
         ids = _insert(conn, 2)
     relay = new_store(Frontier())
     assert relay.frontier.ready == (0, 0)
+    assert sorted(_publish_all(relay)) == ids
+
+
+def _good_state() -> dict[str, Any]:
+    state = Frontier().state()
+    state["ready"] = ["5", 5]
+    return state
+
+
+def _spoilt(**changes: Any) -> dict[str, Any]:
+    state = _good_state()
+    for key, value in changes.items():
+        if value is None:
+            del state[key]
+        else:
+            state[key] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        _spoilt(ready=None),
+        _spoilt(ready=["five", 5]),
+        _spoilt(ready=["5"]),
+        _spoilt(ready=["5", 2**63]),  # past a bigint: no claim could send it
+        _spoilt(ready=["-1", 5]),
+        _spoilt(due=["yesterday", 0]),
+        _spoilt(due=["2026-11-27T12:00:00", 0]),  # no time zone
+        _spoilt(scheduled=[None, 0]),
+        _spoilt(late=["7", "x"]),
+        _spoilt(late=[str(2**64)]),  # past an xid8
+        _spoilt(recheck=[1, -2]),
+        _spoilt(recheck=7),
+        ["not", "an", "object"],
+    ],
+    ids=[
+        "ready missing",
+        "ready txid not a number",
+        "ready without id",
+        "ready id past a bigint",
+        "ready txid negative",
+        "due not a time",
+        "due without time zone",
+        "scheduled txid null",
+        "late not a number",
+        "late past an xid8",
+        "recheck id negative",
+        "recheck not a list",
+        "not an object",
+    ],
+)
+def test_a_frontier_saved_unreadable_is_a_start_from_the_beginning_not_a_relay_that_cannot_start(
+    new_store: Any, state: Any
+) -> None:
+    """A saved frontier edited by hand, or damaged, must not keep every relay from starting:
+    the relay warns and starts from the beginning of every index, which is always safe."""
+    untouched = Frontier()
+    untouched.load(_good_state())
+    assert untouched.ready == (5, 5)
+    with _connect() as conn:
+        conn.execute(
+            "INSERT INTO outbox_notify_frontier_v1 (max_version, state) VALUES (%s, %s)",
+            [SCHEMA_VERSION, json.dumps(state)],
+        )
+        ids = _insert(conn, 3)
+    with capture_logs() as logs:
+        relay = new_store(Frontier())
+    assert [e["event"] for e in logs] == ["outbox.frontier_unreadable"], logs
+    assert relay.frontier.loaded
+    assert relay.frontier.ready == (0, 0)
+    assert relay.frontier.recheck == set()
     assert sorted(_publish_all(relay)) == ids
 
 
