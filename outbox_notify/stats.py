@@ -135,7 +135,7 @@ def frontier_params(cur: Cursor) -> dict[str, Any]:
     cur.execute(sql_files.queries()["load_frontier"], {"max_version": SCHEMA_VERSION})
     row = cur.fetchone()
     state = None if row is None else row[0]
-    frontier.load(json.loads(state) if isinstance(state, str | bytes) else state)
+    frontier.load(state)  # a json column: psycopg has decoded it
     return frontier.params()
 
 

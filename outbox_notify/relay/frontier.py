@@ -178,18 +178,20 @@ class Frontier:
 
         Any saved frontier is a safe start: it was true when saved, and whatever happened
         since is ahead of it, among its transactions to look up, or among its rows to recheck
-        (the saving relay's open claims included). None, or an unknown layout: start from
-        the beginning of every index, which is always safe, only slower past dead rows. So is
-        a saved frontier that cannot be read (edited by hand, damaged): it is logged
-        (outbox.frontier_unreadable) rather than left to stop every relay at its start, or to
-        fail every claim with a position the database refuses.
+        (the saving relay's open claims included). None (nothing saved yet): start from the
+        beginning of every index, which is always safe, only slower past dead rows. So is a
+        saved frontier that cannot be read (another layout, edited by hand, damaged): it is
+        logged (outbox.frontier_unreadable) rather than left to stop every relay at its start,
+        or to fail every claim with a position the database refuses.
         """
         self.loaded = True
+        if state is None:
+            return
         if not isinstance(state, dict):
-            if state:
-                _unreadable(state, "not a JSON object")
+            _unreadable(state, "not a JSON object")
             return
         if state.get("format") != STATE_FORMAT:
+            _unreadable(state, f"format {state.get('format')!r}, this release reads {STATE_FORMAT}")
             return
         try:
             ready = (_txid(state["ready"][0]), _row_id(state["ready"][1]))

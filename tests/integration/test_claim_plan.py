@@ -347,14 +347,28 @@ def test_the_claim_is_prepared_in_each_shape_before_the_first_claim() -> None:
         assert all(
             generic == 1 and custom == 0 for text, generic, custom in prepared if "AS part" in text
         )
-        # Nothing was taken or left locked: another session takes the rows at once.
+        # Nothing was taken, nor ever locked (a row lock leaves its locker in xmax).
         with connection.cursor() as cur:
-            cur.execute("SELECT id FROM outbox_notify_message_v1 FOR UPDATE SKIP LOCKED")
-            assert len(cur.fetchall()) == 3
+            cur.execute("SELECT xmax::text FROM outbox_notify_message_v1")
+            assert [xmax for (xmax,) in cur.fetchall()] == ["0"] * 3
         with store.claim(10) as claim:
             assert len(claim.rows) == 3
             claim.finish(Outcome(published=[r.id for r in claim.rows]))
         assert not OutboxMessage.objects.exists()
+        # Claims of every shape, with real rows to recheck and transactions to look up, find
+        # the statements the warm-up prepared: its stand-in lists had the same types.
+        _insert(1)
+        with connection.cursor() as cur:
+            cur.execute("SELECT id, txid::text FROM outbox_notify_message_v1")
+            found = cur.fetchone()
+        assert found is not None
+        row_id, txid = found[0], int(found[1])
+        for recheck in (False, True):
+            for late in (False, True):
+                store.frontier.recheck = {row_id} if recheck else set()
+                store.frontier.late = {txid} if late else set()
+                with store.claim(10) as claim:
+                    pass  # let go untouched: the row stays for the next shape
         assert len(_prepared(store)) == len(prepared), "a claim prepared a statement again"
     finally:
         store.close()

@@ -16,9 +16,10 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.db import connection
 from structlog.testing import capture_logs
 
-from outbox_notify import sql
+from outbox_notify import sql, stats
 from outbox_notify.relay.frontier import Frontier
 from outbox_notify.relay.runner import connection_kwargs
 from outbox_notify.relay.store import ClaimStore, Outcome, Retry
@@ -411,6 +412,11 @@ def _spoilt(**changes: Any) -> dict[str, Any]:
         _spoilt(recheck=[1, -2]),
         _spoilt(recheck=7),
         ["not", "an", "object"],
+        [],
+        "garbage",
+        0,
+        {"format": "1"},
+        {"format": 2, "ready": ["5", 5]},
     ],
     ids=[
         "ready missing",
@@ -426,6 +432,11 @@ def _spoilt(**changes: Any) -> dict[str, Any]:
         "recheck id negative",
         "recheck not a list",
         "not an object",
+        "an empty list",
+        "a string",
+        "a number",
+        "format not a number",
+        "another format",
     ],
 )
 def test_a_frontier_saved_unreadable_is_a_start_from_the_beginning_not_a_relay_that_cannot_start(
@@ -448,6 +459,10 @@ def test_a_frontier_saved_unreadable_is_a_start_from_the_beginning_not_a_relay_t
     assert relay.frontier.loaded
     assert relay.frontier.ready == (0, 0)
     assert relay.frontier.recheck == set()
+    # outbox_stats and the admin's dashboard read the same saved frontier.
+    with capture_logs() as logs, connection.cursor() as cur:
+        assert stats.frontier_params(cur) == Frontier().params()
+    assert [e["event"] for e in logs] == ["outbox.frontier_unreadable"], logs
     assert sorted(_publish_all(relay)) == ids
 
 
