@@ -340,12 +340,12 @@ class ClaimStore:
         self._prepare_claims()
 
     def _prepare_claims(self) -> None:
-        """Prepare the claim in its four shapes, and the finalising delete, before the first
-        claim: each is planned once, now, instead of inside the first claim that needs it (a
-        relay's first batches after a start, or a first row to recheck in the middle of a
-        drain, paid for it); the frontier's save too. Each shape runs with LIMIT 0 and lists of one value that matches
-        nothing, so its parameters have the types of a real claim's; it takes no row, and the
-        transaction ends with a commit (release()), which keeps what was prepared.
+        """Prepare the claim in its four shapes, the finalising delete and the frontier's save
+        before the first claim: each is planned once, now, instead of inside the first claim
+        that needs it (a relay's first batches after a start, or a first row to recheck in the
+        middle of a drain, paid for it). Each shape runs with LIMIT 0 and lists of one value
+        that matches nothing, so its parameters have the types of a real claim's; it takes no
+        row, and the transaction ends with a commit (release()), which keeps what was prepared.
         """
         conn = self._connection()
         values = {**self.frontier.params(), "limit": 0, "max_version": SCHEMA_VERSION}
