@@ -230,20 +230,29 @@ class AmqpConfirmPublisher:
     def _session(self, producer: Producer) -> _Session | None:
         if producer is self.session_of:
             return self.session
-        self.session_of, self.session = producer, None
         channel: Any = producer.channel
         raw = channel.connection
         problem = gates.amqp_problem(raw, channel)
         if problem is not None:
+            self.session_of, self.session = producer, None
             self.general.report_fallback(problem)
             return None
+        try:
+            confirm_channel = self._confirm_channel(raw)
+        except self.general.outage_errors as exc:
+            # A broker that froze or went away between the connect and the channel: an
+            # outage. Not remembered as this producer's session (None would mean "use the
+            # general path" for as long as the connection lives); the next try reconnects.
+            self.abandon()
+            raise BrokerUnavailable(f"cannot open a confirm channel: {error_text(exc)}") from exc
         frames = _Frames()
         session = _Session(
             raw=raw,
-            channel=self._confirm_channel(raw),
+            channel=confirm_channel,
             frames=frames,
             writer=frame_writer(raw, frames),
         )
+        self.session_of = producer
         raw.on_blocked = lambda reason: self._blocked(session, reason)
         raw.on_unblocked = lambda: self._blocked(session, None)
         self.session = session

@@ -10,10 +10,14 @@ import time
 from typing import Any
 
 import amqp
+import celery
 import pytest
 from kombu import Exchange
 
+from outbox_notify.exceptions import BrokerUnavailable
 from outbox_notify.models import DeadLetter, OutboxMessage
+from outbox_notify.relay.amqp_publisher import AmqpConfirmPublisher
+from outbox_notify.relay.publisher import KombuPublisher
 from tests.integration.test_relay import enqueue, ready
 from tests.relay_support import wait_for
 
@@ -225,3 +229,25 @@ def test_frozen_broker_is_an_outage_and_everything_arrives_after(
     wait_for(lambda: queue.has_all(ids), what="publishes after the thaw", context=relay.output)
     wait_for(lambda: not OutboxMessage.objects.exists(), what="the rows deleted")
     assert not DeadLetter.objects.exists()
+
+
+def test_a_broker_frozen_before_the_confirm_channel_opens_is_an_outage(private_rabbit: Any) -> None:
+    """Frozen between the connect and the confirm channel (a relay's start-up check, or its
+    reconnect before a claim): BrokerUnavailable, and the pipelined path is back after."""
+    app = celery.Celery("frozen-channel", broker=private_rabbit.url(), set_as_current=False)
+    publisher = AmqpConfirmPublisher(KombuPublisher(app, send_timeout=1))
+    try:
+        publisher.general.connect()  # connected, with kombu's channel; no confirm channel yet
+        private_rabbit.freeze()
+        try:
+            started = time.monotonic()
+            with pytest.raises(BrokerUnavailable, match="confirm channel"):
+                publisher.check()
+            assert time.monotonic() - started < 10
+        finally:
+            private_rabbit.thaw()
+        publisher.check()
+        assert publisher.session is not None, "the general path stayed on after the thaw"
+        assert publisher.can_overlap()
+    finally:
+        publisher.close()

@@ -23,9 +23,13 @@ FAST = ["--sweep-interval", "1", "--backoff-time", "0.2", "--max-backoff", "1"]
 
 
 def ready(relay: Any) -> None:
-    """Wait until the relay has connected and done its first sweep."""
+    """Wait until the relay is past its start-up check of PostgreSQL and the broker.
+
+    outbox.database_connected comes earlier, while the broker is still being checked: a
+    fault test that froze the broker at that moment saw a start-up failure, not an outage.
+    """
     wait_for(
-        lambda: "outbox.database_connected" in relay.output(),
+        lambda: "outbox.relay_started" in relay.output(),
         what="relay start",
         context=relay.output,
     )
