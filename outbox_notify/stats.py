@@ -133,9 +133,9 @@ def frontier_params(cur: Cursor) -> dict[str, Any]:
     """
     frontier = Frontier()
     cur.execute(sql_files.queries()["load_frontier"], {"max_version": SCHEMA_VERSION})
-    row = cur.fetchone()
-    state = None if row is None else row[0]
+    [(state, xmax, now)] = cur.fetchall()  # one row, a frontier saved or not
     frontier.load(state)  # a json column: psycopg has decoded it
+    frontier.check(int(xmax), float(now))
     return frontier.params()
 
 

@@ -257,11 +257,18 @@ ON CONFLICT (max_version) DO NOTHING;
 
 -- name: load_frontier
 -- The newest frontier saved by a relay that reads every schema version this one reads: rows
--- of a newer version it passed over are rows this relay could not publish either.
-SELECT state FROM outbox_notify_frontier_v1
-WHERE max_version >= %(max_version)s AND state::text <> '{}'
-ORDER BY saved_at DESC
-LIMIT 1;
+-- of a newer version it passed over are rows this relay could not publish either (NULL when
+-- none is saved). With it, where this database stands: its next transaction id and its clock
+-- (epoch seconds: a Django cursor without USE_TZ would give a naive time).
+-- A frontier ahead of them was saved in another cluster (pg_dump and restore, a move by
+-- logical replication) or after the point a point-in-time recovery went back to: every new
+-- row would be behind it (Frontier.check).
+SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
+        WHERE f.max_version >= %(max_version)s AND f.state::text <> '{}'
+        ORDER BY f.saved_at DESC
+        LIMIT 1) AS state,
+       pg_snapshot_xmax(pg_current_snapshot())::text AS xmax,
+       date_part('epoch', statement_timestamp())::float8 AS now;
 
 -- name: save_frontier
 -- Saves this relay's frontier for the relays and sweeps that start later, unless another

@@ -205,6 +205,36 @@ class Frontier:
         self.ready, self.due, self.scheduled = ready, due, scheduled
         self.late, self.recheck = late, recheck
 
+    def check(self, xmax: int, now: float) -> None:
+        """Start again from the beginning if a position is ahead of the database.
+
+        `xmax`: the database's next transaction id; `now`: its clock (epoch seconds). Every
+        position a claim records is behind both, so a frontier ahead of them was saved by
+        another cluster (a pg_dump restored elsewhere, a move by logical replication) or
+        after the point a point-in-time recovery went back to, and every new row would be
+        behind it: passed over until the database caught up, maybe never. Starting from the
+        beginning is always safe. Logged as outbox.frontier_ahead.
+        """
+        ahead = [
+            f"{name} transaction {txid}"
+            for name, txid in (("ready", self.ready[0]), ("scheduled", self.scheduled[0]))
+            if txid >= xmax
+        ]
+        ahead += [f"late transaction {txid}" for txid in sorted(self.late) if txid >= xmax]
+        if self.due[0].timestamp() > now:
+            ahead.append(f"due time {self.due[0].isoformat()}")
+        if not ahead:
+            return
+        log.warning(
+            "outbox.frontier_ahead",
+            ahead=", ".join(ahead[:3]),
+            next_txid=xmax,
+            hint="the database was restored, copied from another cluster or rolled back in "
+            "time; starting from the beginning of every index",
+        )
+        self.ready, self.due, self.scheduled = (START_TXID, 0), (START_TIME, 0), (START_TXID, 0)
+        self.late = set()
+
     # -- what queries read ---------------------------------------------------------------
 
     def params(self, *, with_held: bool = False) -> dict[str, Any]:
@@ -258,6 +288,12 @@ class Frontier:
             self.scheduled = max(self.scheduled, (seen.xmax - 1, LAST_ID))
         self.recheck.update(seen.walked_left)
         self._absorb_ready(taken, seen, exhausted)
+        # Never past the snapshot's own transactions: a row copied in from another cluster
+        # (pg_restore keeps its txid) may carry a txid this database has not handed out yet.
+        # Reading it means every row below xmax was read (the indexes are in txid order);
+        # the new rows of this database's next transactions must stay ahead.
+        below = (seen.xmax - 1, LAST_ID)
+        self.ready, self.scheduled = min(self.ready, below), min(self.scheduled, below)
         self.recheck -= taken_ids
         # Transactions still running whose rows could land behind a frontier: look them up
         # by txid once they end.

@@ -283,19 +283,22 @@ class ClaimStore:
         # prepares once its own probe went through.
         self.prepare = False
         self.dead_letters_readable = None
-        if not self.frontier.loaded:
-            self.load_frontier()
+        self.load_frontier()
 
     def load_frontier(self) -> None:
-        """Start from the frontier a relay saved last (see load_frontier in sql/queries.sql)."""
+        """Start from the frontier a relay saved last (see load_frontier in sql/queries.sql),
+        unless this relay has one; at every connection, check it against the database (a
+        restore, a failover to a copy, a point-in-time recovery: Frontier.check)."""
         conn = self._connection()
         version = {"max_version": SCHEMA_VERSION}
         with self._statements("loading the saved frontier"), conn.pipeline():
             conn.execute(self.queries["ensure_frontier_row"], version)
             cursor = conn.execute(self.queries["load_frontier"], version)
             conn.commit()
-        row = cursor.fetchone()
-        self.frontier.load(row[0] if row else None)
+        [(state, xmax, now)] = cursor.fetchall()  # one row, a frontier saved or not
+        if not self.frontier.loaded:
+            self.frontier.load(state)
+        self.frontier.check(int(xmax), float(now))
 
     def close(self) -> None:
         """Save the frontier if the connection still works, then close it; an open claim is

@@ -466,6 +466,108 @@ def test_a_frontier_saved_unreadable_is_a_start_from_the_beginning_not_a_relay_t
     assert sorted(_publish_all(relay)) == ids
 
 
+def _next_txid() -> int:
+    with _connect() as conn:
+        row = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _ahead(position: str) -> dict[str, Any]:
+    """A frontier as another cluster, or this one before a point-in-time recovery, saved it:
+    one position past where this database stands."""
+    state = Frontier().state()
+    future_txid = str(_next_txid() + 1_000_000)
+    if position == "ready":
+        state["ready"] = [future_txid, 7]
+    elif position == "scheduled":
+        state["scheduled"] = [future_txid, 7]
+    elif position == "late":
+        state["late"] = [future_txid]
+    else:
+        state["due"] = [(dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat(), 7]
+    return state
+
+
+def _ready_and_due_rows(conn: psycopg.Connection[Any]) -> list[int]:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    return _insert(conn, 2) + _insert(conn, 1, retry_after=past)
+
+
+@pytest.mark.parametrize("position", ["ready", "scheduled", "late", "due"])
+def test_a_frontier_ahead_of_the_database_is_a_start_from_the_beginning(
+    new_store: Any, position: str
+) -> None:
+    """A frontier saved in another cluster (pg_dump and restore, a move by logical
+    replication) or after the point a point-in-time recovery went back to: every row written
+    now is behind it. The relay warns and starts from the beginning, and publishes them."""
+    with _connect() as conn:
+        conn.execute(
+            "INSERT INTO outbox_notify_frontier_v1 (max_version, state) VALUES (%s, %s)",
+            [SCHEMA_VERSION, json.dumps(_ahead(position))],
+        )
+        ids = _ready_and_due_rows(conn)
+    with capture_logs() as logs:
+        relay = new_store(Frontier())
+    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert position in logs[0]["ahead"]
+    assert relay.frontier.params() == Frontier().params()
+    # outbox_stats and the admin's dashboard read the same saved frontier.
+    with capture_logs() as logs, connection.cursor() as cur:
+        assert stats.frontier_params(cur) == Frontier().params()
+    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert sorted(_publish_all(relay)) == ids
+
+
+def test_a_relay_whose_database_went_back_in_time_starts_again_at_its_reconnect(
+    new_store: Any,
+) -> None:
+    """A relay running through a point-in-time recovery (or a failover to a copy) keeps its
+    frontier in memory: its reconnect checks it against the database, as a start does."""
+    relay = new_store(Frontier())
+    with _connect() as conn:
+        _insert(conn, 1)
+    assert len(_publish_all(relay)) == 1
+    # What the database looks like after going back: this relay's positions are its future.
+    relay.frontier.ready = (_next_txid() + 1_000_000, 0)
+    relay.frontier.due = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1), 0)
+    with _connect() as conn:
+        ids = _ready_and_due_rows(conn)
+    relay.close()
+    with capture_logs() as logs:
+        relay.connect()
+    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert sorted(_publish_all(relay)) == ids
+
+
+def test_rows_copied_in_with_another_clusters_transaction_ids_leave_new_rows_ahead(
+    new_store: Any,
+) -> None:
+    """pg_restore keeps each row's txid: rows copied from a busier cluster carry transaction
+    ids this database has not handed out yet. Claiming them must not carry the frontier past
+    the rows its own next transactions write."""
+    relay = new_store(Frontier())
+    future = str(_next_txid() + 1_000_000)
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    with _connect() as conn:
+        copied = [
+            row[0]
+            for retry_after in (None, past)
+            for row in conn.execute(
+                "INSERT INTO outbox_notify_message_v1"
+                " (task_id, task_name, args, kwargs, options, schema_version, retry_after, txid)"
+                " VALUES ('copied', 'tests.add', '[]', '{}', '{}', %s, %s, %s::xid8) RETURNING id",
+                [SCHEMA_VERSION, retry_after, future],
+            ).fetchall()
+        ]
+    assert sorted(_publish_all(relay)) == copied
+    with _connect() as conn:
+        ids = _ready_and_due_rows(conn)
+    assert sorted(_publish_all(relay)) == ids
+    assert relay.frontier.ready[0] < _next_txid()
+    assert relay.frontier.scheduled[0] < _next_txid()
+
+
 class _Model:
     """What has been committed and published, to check the relays against at the end."""
 
