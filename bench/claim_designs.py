@@ -41,7 +41,7 @@ from psycopg import sql as pgsql
 from devtools import pgserver
 from outbox_notify import sql as queries_sql
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.store import claim_text, claimed_rows
+from outbox_notify.relay.store import claim_text, claimed_rows, stable_int_types
 from outbox_notify.serialization import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,6 +255,9 @@ class Rotation(Design):
 class FrontierDesign(Design):
     def __init__(self, dsn: str) -> None:
         super().__init__(dsn)
+        # As the relay's claim connection: every int a bigint, so that a position crossing
+        # 32,767 (or LAST_ID) does not prepare and plan the claim again, inside a timed claim.
+        stable_int_types(self.conn)
         self.frontier = Frontier()
         self.query = queries_sql.queries()["claim_batch"]
         self.shapes: dict[tuple[bool, bool], tuple[LiteralString, tuple[str, ...]]] = {}

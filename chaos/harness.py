@@ -172,7 +172,7 @@ class Harness:
     def _wait_relays_ready(self, relays: RelayGroup) -> None:
         for relay in relays.relays:
             _wait(
-                lambda r=relay: "outbox.database_connected" in r.log_tail(),
+                lambda r=relay: "outbox.relay_started" in r.log_tail(),  # past its start-up check
                 READY_TIMEOUT,
                 f"{relay.name} to connect",
             )

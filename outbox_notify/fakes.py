@@ -126,6 +126,7 @@ class InMemoryStore:
         version = {"max_version": SCHEMA_VERSION}
         self.run("ensure_frontier_row", version)
         self.run("load_frontier", version)
+        self.run("cluster_identity")
 
     def close(self) -> None:
         """Save the frontier, as the real store does on closing."""
@@ -192,6 +193,9 @@ class InMemoryStore:
 
     def query_load_frontier(self, *, max_version: int) -> Any:
         return self.frontier
+
+    def query_cluster_identity(self) -> str:
+        return "in-memory/00000001"
 
     def query_save_frontier(self, *, state: Any, max_version: int) -> None:
         self.frontier = state

@@ -270,6 +270,15 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
        pg_snapshot_xmax(pg_current_snapshot())::text AS xmax,
        date_part('epoch', statement_timestamp())::float8 AS now;
 
+-- name: cluster_identity
+-- Whose transaction ids a frontier's positions are: this cluster's system identifier and the
+-- timeline of its history it is on. A restore elsewhere and a move by logical replication
+-- give another identifier; a failover and a point-in-time recovery start a new timeline (read
+-- from the current WAL file's name: the last checkpoint's can lag a fast promotion). Run on
+-- its own, since a role or a server may refuse it (Frontier.check then relies on txids).
+SELECT s.system_identifier::text || '/' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)
+FROM pg_control_system() AS s;
+
 -- name: save_frontier
 -- Saves this relay's frontier for the relays and sweeps that start later, unless another
 -- relay's open claim is saving it right now (then that one's will do).

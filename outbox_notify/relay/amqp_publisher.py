@@ -239,10 +239,11 @@ class AmqpConfirmPublisher:
             return None
         try:
             confirm_channel = self._confirm_channel(raw)
-        except self.general.outage_errors as exc:
-            # A broker that froze or went away between the connect and the channel: an
-            # outage. Not remembered as this producer's session (None would mean "use the
-            # general path" for as long as the connection lives); the next try reconnects.
+        except Exception as exc:
+            # A broker that froze or went away between the connect and the channel, or that
+            # refused the channel (a channel limit): an outage, never a dead relay. Not
+            # remembered as this producer's session (None would mean "use the general path"
+            # for as long as the connection lives); the next try connects again.
             self.abandon()
             raise BrokerUnavailable(f"cannot open a confirm channel: {error_text(exc)}") from exc
         frames = _Frames()

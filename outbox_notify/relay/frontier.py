@@ -159,6 +159,9 @@ class Frontier:
         # look at them again, since this one may die before it ends its claims.
         self.held: set[int] = set()
         self.loaded = False  # a saved frontier was looked for (see load())
+        # The cluster and timeline the transaction ids are of (cluster_identity in
+        # sql/queries.sql); None until known, or where the server does not tell.
+        self.cluster: str | None = None
 
     # -- saved for the relays that start later ------------------------------------------
 
@@ -171,6 +174,7 @@ class Frontier:
             "scheduled": [str(self.scheduled[0]), self.scheduled[1]],
             "late": sorted(str(x) for x in self.late),
             "recheck": sorted(self.recheck | self.held),
+            "cluster": self.cluster,
         }
 
     def load(self, state: Any) -> None:
@@ -204,33 +208,43 @@ class Frontier:
             return
         self.ready, self.due, self.scheduled = ready, due, scheduled
         self.late, self.recheck = late, recheck
+        cluster = state.get("cluster")  # absent in a frontier saved by an older release
+        self.cluster = cluster if isinstance(cluster, str) else None
 
-    def check(self, xmax: int, now: float) -> None:
-        """Start again from the beginning if a position is ahead of the database.
+    def check(self, xmax: int, now: float, cluster: str | None = None) -> None:
+        """Start again from the beginning if the positions are not this database's.
 
-        `xmax`: the database's next transaction id; `now`: its clock (epoch seconds). Every
-        position a claim records is behind both, so a frontier ahead of them was saved by
-        another cluster (a pg_dump restored elsewhere, a move by logical replication) or
-        after the point a point-in-time recovery went back to, and every new row would be
-        behind it: passed over until the database caught up, maybe never. Starting from the
-        beginning is always safe. Logged as outbox.frontier_ahead.
+        `xmax`: the database's next transaction id; `now`: its clock (epoch seconds);
+        `cluster`: its system identifier and timeline (None where the server does not say).
+        A frontier saved in another cluster (a pg_dump restored elsewhere, a move by logical
+        replication), or on a timeline a failover or a point-in-time recovery left, counts
+        transactions that are not this database's: every new row could be behind it, passed
+        over for good. A txid ahead of xmax gives it away even where the cluster is unknown.
+        Starting from the beginning is always safe. Logged as outbox.frontier_ahead.
         """
-        ahead = [
+        ahead = []
+        if cluster is not None and self.cluster is not None and cluster != self.cluster:
+            ahead.append(f"saved on cluster/timeline {self.cluster}, this is {cluster}")
+        ahead += [
             f"{name} transaction {txid}"
             for name, txid in (("ready", self.ready[0]), ("scheduled", self.scheduled[0]))
             if txid >= xmax
         ]
         ahead += [f"late transaction {txid}" for txid in sorted(self.late) if txid >= xmax]
         if self.due[0].timestamp() > now:
-            ahead.append(f"due time {self.due[0].isoformat()}")
+            # The database's clock went back (a step, a failover to a slower clock): read the
+            # scheduled rows from the start once, as a claim read to its end would from `now`.
+            self.due = (START_TIME, 0)
+        if cluster is not None:
+            self.cluster = cluster
         if not ahead:
             return
         log.warning(
             "outbox.frontier_ahead",
             ahead=", ".join(ahead[:3]),
             next_txid=xmax,
-            hint="the database was restored, copied from another cluster or rolled back in "
-            "time; starting from the beginning of every index",
+            hint="the database was restored, copied from another cluster, failed over or "
+            "recovered to a point in time; starting from the beginning of every index",
         )
         self.ready, self.due, self.scheduled = (START_TXID, 0), (START_TIME, 0), (START_TXID, 0)
         self.late = set()

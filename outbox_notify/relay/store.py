@@ -298,7 +298,23 @@ class ClaimStore:
         [(state, xmax, now)] = cursor.fetchall()  # one row, a frontier saved or not
         if not self.frontier.loaded:
             self.frontier.load(state)
-        self.frontier.check(int(xmax), float(now))
+        self.frontier.check(int(xmax), float(now), self._cluster(conn))
+
+    def _cluster(self, conn: psycopg.Connection[Any]) -> str | None:
+        """This database's cluster and timeline (cluster_identity), or None where the server
+        refuses it (a role without the right, a managed service, a standby)."""
+        refused = (
+            psycopg.errors.InsufficientPrivilege,
+            psycopg.errors.UndefinedFunction,
+            psycopg.errors.ObjectNotInPrerequisiteState,
+        )
+        with translated("reading the cluster's identity"):
+            try:
+                with conn.transaction():
+                    row = conn.execute(self.queries["cluster_identity"]).fetchone()
+            except refused:
+                return None
+        return str(row[0]) if row and row[0] else None
 
     def close(self) -> None:
         """Save the frontier if the connection still works, then close it; an open claim is

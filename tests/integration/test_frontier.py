@@ -20,7 +20,7 @@ from django.db import connection
 from structlog.testing import capture_logs
 
 from outbox_notify import sql, stats
-from outbox_notify.relay.frontier import Frontier
+from outbox_notify.relay.frontier import LAST_ID, Frontier
 from outbox_notify.relay.runner import connection_kwargs
 from outbox_notify.relay.store import ClaimStore, Outcome, Retry
 from outbox_notify.serialization import SCHEMA_VERSION
@@ -484,8 +484,9 @@ def _ahead(position: str) -> dict[str, Any]:
         state["scheduled"] = [future_txid, 7]
     elif position == "late":
         state["late"] = [future_txid]
-    else:
-        state["due"] = [(dt.datetime.now(dt.UTC) + dt.timedelta(days=1)).isoformat(), 7]
+    else:  # saved on another cluster, or on a timeline a failover left: txids below xmax
+        state["ready"] = [str(_next_txid() - 1), LAST_ID]
+        state["cluster"] = "1234567890/00000001"
     return state
 
 
@@ -494,49 +495,90 @@ def _ready_and_due_rows(conn: psycopg.Connection[Any]) -> list[int]:
     return _insert(conn, 2) + _insert(conn, 1, retry_after=past)
 
 
-@pytest.mark.parametrize("position", ["ready", "scheduled", "late", "due"])
-def test_a_frontier_ahead_of_the_database_is_a_start_from_the_beginning(
+@pytest.mark.parametrize("position", ["ready", "scheduled", "late", "cluster"])
+def test_a_frontier_of_another_cluster_or_timeline_is_a_start_from_the_beginning(
     new_store: Any, position: str
 ) -> None:
     """A frontier saved in another cluster (pg_dump and restore, a move by logical
-    replication) or after the point a point-in-time recovery went back to: every row written
-    now is behind it. The relay warns and starts from the beginning, and publishes them."""
+    replication), or ahead of where a point-in-time recovery went back to: every row written
+    now may be behind it. The relay warns and starts from the beginning, and publishes them."""
     with _connect() as conn:
+        ids = _ready_and_due_rows(conn)
         conn.execute(
             "INSERT INTO outbox_notify_frontier_v1 (max_version, state) VALUES (%s, %s)",
             [SCHEMA_VERSION, json.dumps(_ahead(position))],
         )
-        ids = _ready_and_due_rows(conn)
     with capture_logs() as logs:
         relay = new_store(Frontier())
     assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
     assert position in logs[0]["ahead"]
     assert relay.frontier.params() == Frontier().params()
-    # outbox_stats and the admin's dashboard read the same saved frontier.
-    with capture_logs() as logs, connection.cursor() as cur:
-        assert stats.frontier_params(cur) == Frontier().params()
-    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert relay.frontier.cluster is not None
+    assert relay.frontier.cluster != "1234567890/00000001"
+    if position != "cluster":
+        # outbox_stats and the admin's dashboard read the same saved frontier (by txid only:
+        # they do not ask for the cluster's identity).
+        with capture_logs() as logs, connection.cursor() as cur:
+            assert stats.frontier_params(cur) == Frontier().params()
+        assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
     assert sorted(_publish_all(relay)) == ids
 
 
+def test_a_frontier_saved_on_this_cluster_is_kept() -> None:
+    """The identity check fires only on a change: a frontier this cluster saved is used."""
+    frontier = Frontier()
+    frontier.check(1_000, time.time(), "42/00000001")
+    frontier.ready = (900, 5)
+    saved = Frontier()
+    saved.load(json.loads(json.dumps(frontier.state())))
+    with capture_logs() as logs:
+        saved.check(1_000, time.time(), "42/00000001")
+        saved.check(1_000, time.time(), None)  # a server that does not tell: txids only
+    assert logs == []
+    assert saved.ready == (900, 5)
+
+
+@pytest.mark.parametrize("went", ["ahead", "to another timeline"])
 def test_a_relay_whose_database_went_back_in_time_starts_again_at_its_reconnect(
-    new_store: Any,
+    new_store: Any, went: str
 ) -> None:
-    """A relay running through a point-in-time recovery (or a failover to a copy) keeps its
-    frontier in memory: its reconnect checks it against the database, as a start does."""
+    """A relay running through a point-in-time recovery or a failover keeps its frontier in
+    memory: its reconnect checks it against the database, as a start does. After a failover
+    the new primary's txids may have caught up with the lost ones: the timeline tells."""
     relay = new_store(Frontier())
     with _connect() as conn:
         _insert(conn, 1)
     assert len(_publish_all(relay)) == 1
-    # What the database looks like after going back: this relay's positions are its future.
-    relay.frontier.ready = (_next_txid() + 1_000_000, 0)
+    with _connect() as conn:
+        ids = _ready_and_due_rows(conn)
+    # The database after going back: the rows above were written after the relay's
+    # positions, in the database's own history, and are behind them.
+    if went == "ahead":
+        relay.frontier.ready = (_next_txid() + 1_000_000, 0)
+    else:
+        relay.frontier.ready = (_next_txid() - 1, LAST_ID)
+        relay.frontier.cluster = f"{relay.frontier.cluster}-before"
+    relay.frontier.due = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1), 0)
+    relay.close()
+    with capture_logs() as logs:
+        relay.connect()
+    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert sorted(_publish_all(relay)) == ids
+
+
+def test_a_database_clock_gone_back_rereads_the_scheduled_rows_without_a_warning(
+    new_store: Any,
+) -> None:
+    """A due position ahead of the database's clock (a clock step, a failover to a slower
+    clock) would pass over rows due before it: read from the start again, silently."""
+    relay = new_store(Frontier())
     relay.frontier.due = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1), 0)
     with _connect() as conn:
         ids = _ready_and_due_rows(conn)
     relay.close()
     with capture_logs() as logs:
         relay.connect()
-    assert [e["event"] for e in logs] == ["outbox.frontier_ahead"], logs
+    assert logs == []
     assert sorted(_publish_all(relay)) == ids
 
 

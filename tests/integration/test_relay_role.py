@@ -23,6 +23,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql as pgsql
 
 from devtools import pgserver
+from outbox_notify.relay.store import ClaimStore
 from tests.relay_support import ROOT, RedisQueue, run_python, wait_for
 
 INSTALL_SQL = ROOT / "sql" / "install.sql"
@@ -249,6 +250,40 @@ def test_relay_role_locks_rows_but_updates_only_the_columns_it_writes(
                         pgsql.Identifier(column)
                     )
                 )
+
+
+def test_relay_role_reads_the_clusters_identity_and_does_without_it_where_refused(
+    server: pgserver.PrivateServer,
+) -> None:
+    """The frontier check asks for the cluster's identity (pg_control_system(),
+    pg_walfile_name()), granted to everyone by default. Where a service revokes it, the relay
+    still starts and claims, and the check compares transaction ids only."""
+    login = {"host": server.host, "port": server.port, "dbname": DATABASE, "user": RELAY_LOGIN}
+    with psycopg.connect(server.url(DATABASE), autocommit=True) as owner:
+        owner.execute(
+            "INSERT INTO outbox_notify_message_v1 (task_id, task_name, args, kwargs, options,"
+            " schema_version) VALUES ('identity', 'tests.add', '[]', '{}', '{}', 1)"
+        )
+        store = ClaimStore(login, stale_timeout=30)
+        store.connect()
+        try:
+            assert store.frontier.cluster is not None
+        finally:
+            store.close()
+        owner.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+        owner.execute("DELETE FROM outbox_notify_frontier_v1")  # the identity saved just now
+        try:
+            store = ClaimStore(login, stale_timeout=30)
+            store.connect()
+            try:
+                assert store.frontier.cluster is None
+                with store.claim(100) as claim:
+                    assert "identity" in [row.task_id for row in claim.rows]
+            finally:
+                store.close()
+        finally:
+            owner.execute("GRANT EXECUTE ON FUNCTION pg_control_system() TO PUBLIC")
+            owner.execute("DELETE FROM outbox_notify_message_v1 WHERE task_id = 'identity'")
 
 
 def test_role_script_takes_back_an_earlier_table_wide_update(
