@@ -270,6 +270,26 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
        pg_snapshot_xmax(pg_current_snapshot())::text AS xmax,
        date_part('epoch', statement_timestamp())::float8 AS now;
 
+-- name: restamp_copied_rows
+-- Rows copied in from another cluster (pg_restore keeps each row's txid) may carry txids this
+-- database has not handed out yet. They sort after every new row, and a claim that takes them
+-- stops the frontier at the database's own next transaction (Frontier.absorb): every later
+-- claim would read them again, published and dead, until vacuum removed them. Touching them
+-- stamps them with this transaction (the UPDATE trigger), in order with the rest. Rows another
+-- session holds are left for the next connect. Two probes at the ends of the txid indexes when
+-- there are none, which is always but after a restore.
+WITH ready AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after IS NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    FOR UPDATE SKIP LOCKED
+), scheduled AS (
+    SELECT m.id FROM outbox_notify_message_v1 AS m
+    WHERE m.retry_after IS NOT NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_notify_message_v1 SET retry_after = retry_after
+WHERE id IN (SELECT id FROM ready UNION ALL SELECT id FROM scheduled);
+
 -- name: cluster_identity
 -- Whose transaction ids a frontier's positions are: this cluster's system identifier and the
 -- timeline of its history it is on. A restore elsewhere and a move by logical replication

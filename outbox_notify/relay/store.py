@@ -293,6 +293,7 @@ class ClaimStore:
         version = {"max_version": SCHEMA_VERSION}
         with self._statements("loading the saved frontier"), conn.pipeline():
             conn.execute(self.queries["ensure_frontier_row"], version)
+            conn.execute(self.queries["restamp_copied_rows"])
             cursor = conn.execute(self.queries["load_frontier"], version)
             conn.commit()
         [(state, xmax, now)] = cursor.fetchall()  # one row, a frontier saved or not

@@ -582,26 +582,48 @@ def test_a_database_clock_gone_back_rereads_the_scheduled_rows_without_a_warning
     assert sorted(_publish_all(relay)) == ids
 
 
-def test_rows_copied_in_with_another_clusters_transaction_ids_leave_new_rows_ahead(
-    new_store: Any,
-) -> None:
-    """pg_restore keeps each row's txid: rows copied from a busier cluster carry transaction
-    ids this database has not handed out yet. Claiming them must not carry the frontier past
-    the rows its own next transactions write."""
-    relay = new_store(Frontier())
-    future = str(_next_txid() + 1_000_000)
+def _copy_in(txid: int) -> list[int]:
+    """A ready and a due row as pg_restore writes them: with the txid of the cluster they
+    were dumped from."""
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
     with _connect() as conn:
-        copied = [
+        return [
             row[0]
             for retry_after in (None, past)
             for row in conn.execute(
                 "INSERT INTO outbox_notify_message_v1"
                 " (task_id, task_name, args, kwargs, options, schema_version, retry_after, txid)"
                 " VALUES ('copied', 'tests.add', '[]', '{}', '{}', %s, %s, %s::xid8) RETURNING id",
-                [SCHEMA_VERSION, retry_after, future],
+                [SCHEMA_VERSION, retry_after, str(txid)],
             ).fetchall()
         ]
+
+
+def _txids(ids: list[int]) -> list[int]:
+    with _connect() as conn:
+        rows = conn.execute(
+            "SELECT txid::text FROM outbox_notify_message_v1 WHERE id = ANY(%s)", [ids]
+        ).fetchall()
+    return [int(txid) for (txid,) in rows]
+
+
+def test_rows_copied_in_with_another_clusters_transaction_ids_are_stamped_at_connect(
+    new_store: Any,
+) -> None:
+    """pg_restore keeps each row's txid: rows copied from a busier cluster carry transaction
+    ids this database has not handed out yet, and would sort after every new row. A relay
+    that connects stamps them with its own transaction, in order with the rest."""
+    copied = _copy_in(_next_txid() + 1_000_000)
+    relay = new_store(Frontier())
+    assert all(txid < _next_txid() for txid in _txids(copied))
+    assert sorted(_publish_all(relay)) == copied
+
+
+def test_rows_copied_in_while_a_relay_runs_leave_new_rows_ahead(new_store: Any) -> None:
+    """Rows copied in after the relay connected: claiming them must not carry the frontier
+    past the rows the database's own next transactions write."""
+    relay = new_store(Frontier())
+    copied = _copy_in(_next_txid() + 1_000_000)
     assert sorted(_publish_all(relay)) == copied
     with _connect() as conn:
         ids = _ready_and_due_rows(conn)
