@@ -125,7 +125,8 @@ class InMemoryStore:
         """Load the saved frontier, as the real store does on connecting."""
         version = {"max_version": SCHEMA_VERSION}
         self.run("ensure_frontier_row", version)
-        self.run("restamp_copied_rows")
+        self.run("set_claim_timeout", {"timeout_ms": "30000"})
+        self.run("restamp_copied_rows", {"limit": 5_000})
         self.run("load_frontier", version)
         self.run("cluster_identity")
 
@@ -195,7 +196,7 @@ class InMemoryStore:
     def query_load_frontier(self, *, max_version: int) -> Any:
         return self.frontier
 
-    def query_restamp_copied_rows(self) -> None: ...
+    def query_restamp_copied_rows(self, *, limit: int) -> None: ...
 
     def query_cluster_identity(self) -> str:
         return "in-memory/00000001"

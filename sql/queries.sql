@@ -275,16 +275,20 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
 -- database has not handed out yet. They sort after every new row, and a claim that takes them
 -- stops the frontier at the database's own next transaction (Frontier.absorb): every later
 -- claim would read them again, published and dead, until vacuum removed them. Touching them
--- stamps them with this transaction (the UPDATE trigger), in order with the rest. Rows another
--- session holds are left for the next connect. Two probes at the ends of the txid indexes when
--- there are none, which is always but after a restore.
+-- stamps them with this transaction (the UPDATE trigger), in order with the rest: up to
+-- %(limit)s of each kind a transaction (the relay repeats it while it finds that many). Rows
+-- another session holds are left for the next connect. Run under set_claim_timeout's planner
+-- settings: two probes at the ends of the txid indexes when there are none, which is always
+-- but after a restore.
 WITH ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE m.retry_after IS NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), scheduled AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE m.retry_after IS NOT NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox_notify_message_v1 SET retry_after = retry_after

@@ -237,9 +237,10 @@ class AmqpConfirmPublisher:
             self.session_of, self.session = producer, None
             self.general.report_fallback(problem)
             return None
+        refused: tuple[type[BaseException], ...] = (*self.general.outage_errors, ChannelError)
         try:
             confirm_channel = self._confirm_channel(raw)
-        except Exception as exc:
+        except refused as exc:
             # A broker that froze or went away between the connect and the channel, or that
             # refused the channel (a channel limit): an outage, never a dead relay. Not
             # remembered as this producer's session (None would mean "use the general path"

@@ -225,6 +225,9 @@ class Frontier:
         ahead = []
         if cluster is not None and self.cluster is not None and cluster != self.cluster:
             ahead.append(f"saved on cluster/timeline {self.cluster}, this is {cluster}")
+        # Saved by an older release, or where the server did not tell: its positions may be
+        # of any cluster. Started again without a warning (once, at an upgrade).
+        unknown = cluster is not None and self.cluster is None
         ahead += [
             f"{name} transaction {txid}"
             for name, txid in (("ready", self.ready[0]), ("scheduled", self.scheduled[0]))
@@ -237,15 +240,17 @@ class Frontier:
             self.due = (START_TIME, 0)
         if cluster is not None:
             self.cluster = cluster
-        if not ahead:
+        if ahead:
+            log.warning(
+                "outbox.frontier_ahead",
+                ahead=", ".join(ahead[:3]),
+                next_txid=xmax,
+                hint="the database was restored or copied from another cluster, failed or "
+                "switched over, recovered to a point in time, or upgraded with pg_upgrade; "
+                "starting from the beginning of every index",
+            )
+        elif not unknown:
             return
-        log.warning(
-            "outbox.frontier_ahead",
-            ahead=", ".join(ahead[:3]),
-            next_txid=xmax,
-            hint="the database was restored, copied from another cluster, failed over or "
-            "recovered to a point in time; starting from the beginning of every index",
-        )
         self.ready, self.due, self.scheduled = (START_TXID, 0), (START_TIME, 0), (START_TXID, 0)
         self.late = set()
 

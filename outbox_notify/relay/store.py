@@ -39,6 +39,7 @@ CONNECT_TIMEOUT = 10  # seconds
 # that happens anyway: a relay or sweep starting later reads from there instead of from the
 # start of every index, which a long snapshot may have filled with published rows.
 FRONTIER_SAVE_INTERVAL = 5.0
+RESTAMP_BATCH = 5_000  # rows copied in from another cluster stamped per transaction, per kind
 GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estimates
 # Seconds a dashboard sample is kept (relay/samples.py): record_sample deletes older ones.
 SAMPLES_KEPT_FOR = 86_400.0
@@ -288,14 +289,23 @@ class ClaimStore:
     def load_frontier(self) -> None:
         """Start from the frontier a relay saved last (see load_frontier in sql/queries.sql),
         unless this relay has one; at every connection, check it against the database (a
-        restore, a failover to a copy, a point-in-time recovery: Frontier.check)."""
+        restore, a failover, a point-in-time recovery: Frontier.check), after stamping the
+        rows copied in from another cluster (restamp_copied_rows)."""
         conn = self._connection()
         version = {"max_version": SCHEMA_VERSION}
+        settings = {"timeout_ms": self.stale_timeout_ms}
+        batch = {"limit": RESTAMP_BATCH}
         with self._statements("loading the saved frontier"), conn.pipeline():
+            conn.execute(self.queries["set_claim_timeout"], settings)
             conn.execute(self.queries["ensure_frontier_row"], version)
-            conn.execute(self.queries["restamp_copied_rows"])
+            restamped = conn.execute(self.queries["restamp_copied_rows"], batch)
             cursor = conn.execute(self.queries["load_frontier"], version)
             conn.commit()
+        while restamped.rowcount >= RESTAMP_BATCH:  # a restored backlog: a batch at a time
+            with self._statements("stamping rows copied in"), conn.pipeline():
+                conn.execute(self.queries["set_claim_timeout"], settings)
+                restamped = conn.execute(self.queries["restamp_copied_rows"], batch)
+                conn.commit()
         [(state, xmax, now)] = cursor.fetchall()  # one row, a frontier saved or not
         if not self.frontier.loaded:
             self.frontier.load(state)
@@ -303,17 +313,17 @@ class ClaimStore:
 
     def _cluster(self, conn: psycopg.Connection[Any]) -> str | None:
         """This database's cluster and timeline (cluster_identity), or None where the server
-        refuses it (a role without the right, a managed service, a standby)."""
-        refused = (
-            psycopg.errors.InsufficientPrivilege,
-            psycopg.errors.UndefinedFunction,
-            psycopg.errors.ObjectNotInPrerequisiteState,
-        )
+        does not tell (a role without the right, a managed service, a standby): logged as
+        outbox.cluster_identity_unavailable, and Frontier.check compares txids only. Only a
+        broken connection is an error."""
         with translated("reading the cluster's identity"):
             try:
                 with conn.transaction():
                     row = conn.execute(self.queries["cluster_identity"]).fetchone()
-            except refused:
+            except psycopg.Error as exc:
+                if conn.broken or conn.closed:
+                    raise
+                log.info("outbox.cluster_identity_unavailable", error=str(exc).strip())
                 return None
         return str(row[0]) if row and row[0] else None
 

@@ -20,6 +20,7 @@ from django.db import connection
 from structlog.testing import capture_logs
 
 from outbox_notify import sql, stats
+from outbox_notify.relay import store as store_module
 from outbox_notify.relay.frontier import LAST_ID, Frontier
 from outbox_notify.relay.runner import connection_kwargs
 from outbox_notify.relay.store import ClaimStore, Outcome, Retry
@@ -524,6 +525,28 @@ def test_a_frontier_of_another_cluster_or_timeline_is_a_start_from_the_beginning
     assert sorted(_publish_all(relay)) == ids
 
 
+def test_a_frontier_saved_by_an_older_release_is_a_quiet_start_from_the_beginning(
+    new_store: Any,
+) -> None:
+    """No cluster in it: it may have been restored from any cluster, and its txids tell only
+    when they are ahead. The relay starts from the beginning, once, without a warning."""
+    state = Frontier().state()
+    del state["cluster"]
+    with _connect() as conn:
+        ids = _ready_and_due_rows(conn)
+        state["ready"] = [str(_next_txid() - 1), LAST_ID]
+        state["scheduled"] = [str(_next_txid() - 1), LAST_ID]
+        conn.execute(
+            "INSERT INTO outbox_notify_frontier_v1 (max_version, state) VALUES (%s, %s)",
+            [SCHEMA_VERSION, json.dumps(state)],
+        )
+    with capture_logs() as logs:
+        relay = new_store(Frontier())
+    assert logs == []
+    assert relay.frontier.cluster is not None
+    assert sorted(_publish_all(relay)) == ids
+
+
 def test_a_frontier_saved_on_this_cluster_is_kept() -> None:
     """The identity check fires only on a change: a frontier this cluster saved is used."""
     frontier = Frontier()
@@ -575,6 +598,9 @@ def test_a_database_clock_gone_back_rereads_the_scheduled_rows_without_a_warning
     relay.frontier.due = (dt.datetime.now(dt.UTC) + dt.timedelta(days=1), 0)
     with _connect() as conn:
         ids = _ready_and_due_rows(conn)
+    # Past the due row as a scheduled row, as a relay that saw it written: only the due
+    # part can find it now.
+    relay.frontier.scheduled = (_next_txid() - 1, LAST_ID)
     relay.close()
     with capture_logs() as logs:
         relay.connect()
@@ -607,13 +633,16 @@ def _txids(ids: list[int]) -> list[int]:
     return [int(txid) for (txid,) in rows]
 
 
+@pytest.mark.parametrize("batch", [5_000, 1])
 def test_rows_copied_in_with_another_clusters_transaction_ids_are_stamped_at_connect(
-    new_store: Any,
+    new_store: Any, monkeypatch: pytest.MonkeyPatch, batch: int
 ) -> None:
     """pg_restore keeps each row's txid: rows copied from a busier cluster carry transaction
     ids this database has not handed out yet, and would sort after every new row. A relay
-    that connects stamps them with its own transaction, in order with the rest."""
-    copied = _copy_in(_next_txid() + 1_000_000)
+    that connects stamps them with its own transaction, in order with the rest, a batch of
+    each kind per transaction."""
+    monkeypatch.setattr(store_module, "RESTAMP_BATCH", batch)
+    copied = _copy_in(_next_txid() + 1_000_000) + _copy_in(_next_txid() + 2_000_000)
     relay = new_store(Frontier())
     assert all(txid < _next_txid() for txid in _txids(copied))
     assert sorted(_publish_all(relay)) == copied
