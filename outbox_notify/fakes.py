@@ -196,7 +196,8 @@ class InMemoryStore:
     def query_load_frontier(self, *, max_version: int) -> Any:
         return self.frontier
 
-    def query_restamp_copied_rows(self, *, limit: int) -> None: ...
+    def query_restamp_copied_rows(self, *, limit: int) -> tuple[int, int]:
+        return (0, 0)
 
     def query_cluster_identity(self) -> str:
         return "in-memory/00000001"

@@ -276,7 +276,8 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
 -- stops the frontier at the database's own next transaction (Frontier.absorb): every later
 -- claim would read them again, published and dead, until vacuum removed them. Touching them
 -- stamps them with this transaction (the UPDATE trigger), in order with the rest: up to
--- %(limit)s of each kind a transaction (the relay repeats it while it finds that many). Rows
+-- %(limit)s of each kind a transaction (the relay repeats it while it finds that many, and
+-- the trigger stamped them all). Rows
 -- another session holds are left for the next connect. Run under set_claim_timeout's planner
 -- settings: two probes at the ends of the txid indexes when there are none, which is always
 -- but after a restore.
@@ -290,9 +291,15 @@ WITH ready AS (
     WHERE m.retry_after IS NOT NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), stamped AS (
+    UPDATE outbox_notify_message_v1 SET retry_after = retry_after
+    WHERE id IN (SELECT id FROM ready UNION ALL SELECT id FROM scheduled)
+    RETURNING txid
 )
-UPDATE outbox_notify_message_v1 SET retry_after = retry_after
-WHERE id IN (SELECT id FROM ready UNION ALL SELECT id FROM scheduled);
+-- How many, and how many the trigger did not stamp (disabled, or a replica's session role):
+-- those would be found again at every pass.
+SELECT count(*) AS n, count(*) FILTER (WHERE txid <> pg_current_xact_id()) AS unstamped
+FROM stamped;
 
 -- name: cluster_identity
 -- Whose transaction ids a frontier's positions are: this cluster's system identifier and the

@@ -301,11 +301,25 @@ class ClaimStore:
             restamped = conn.execute(self.queries["restamp_copied_rows"], batch)
             cursor = conn.execute(self.queries["load_frontier"], version)
             conn.commit()
-        while restamped.rowcount >= RESTAMP_BATCH:  # a restored backlog: a batch at a time
+        [(n, unstamped)] = restamped.fetchall()
+        total = n
+        while n >= RESTAMP_BATCH and not unstamped:  # a restored backlog: a batch at a time
             with self._statements("stamping rows copied in"), conn.pipeline():
                 conn.execute(self.queries["set_claim_timeout"], settings)
                 restamped = conn.execute(self.queries["restamp_copied_rows"], batch)
                 conn.commit()
+            [(n, unstamped)] = restamped.fetchall()
+            total += n
+        if unstamped:
+            log.warning(
+                "outbox.copied_rows_unstamped",
+                rows=unstamped,
+                hint="rows with transaction ids this database has not handed out stay so: "
+                "the trigger outbox_notify_restamp_v1 is disabled (ALTER TABLE ... ENABLE "
+                "TRIGGER), or session_replication_role is replica",
+            )
+        elif total:
+            log.info("outbox.copied_rows_stamped", rows=total)
         [(state, xmax, now)] = cursor.fetchall()  # one row, a frontier saved or not
         if not self.frontier.loaded:
             self.frontier.load(state)
@@ -313,7 +327,7 @@ class ClaimStore:
 
     def _cluster(self, conn: psycopg.Connection[Any]) -> str | None:
         """This database's cluster and timeline (cluster_identity), or None where the server
-        does not tell (a role without the right, a managed service, a standby): logged as
+        does not tell (a role without the right, a managed service): logged as
         outbox.cluster_identity_unavailable, and Frontier.check compares txids only. Only a
         broken connection is an error."""
         with translated("reading the cluster's identity"):

@@ -643,8 +643,33 @@ def test_rows_copied_in_with_another_clusters_transaction_ids_are_stamped_at_con
     each kind per transaction."""
     monkeypatch.setattr(store_module, "RESTAMP_BATCH", batch)
     copied = _copy_in(_next_txid() + 1_000_000) + _copy_in(_next_txid() + 2_000_000)
-    relay = new_store(Frontier())
+    with capture_logs() as logs:
+        relay = new_store(Frontier())
+    assert [(e["event"], e.get("rows")) for e in logs] == [("outbox.copied_rows_stamped", 4)]
     assert all(txid < _next_txid() for txid in _txids(copied))
+    assert sorted(_publish_all(relay)) == copied
+
+
+def test_rows_copied_in_that_the_trigger_cannot_stamp_are_a_warning_not_a_loop(
+    new_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the restamp trigger disabled, a pass stamps nothing: the relay says so and goes
+    on (the claims still publish the rows, and never carry the frontier past them)."""
+    monkeypatch.setattr(store_module, "RESTAMP_BATCH", 1)
+    copied = _copy_in(_next_txid() + 1_000_000)
+    with _connect() as conn:
+        conn.execute(
+            "ALTER TABLE outbox_notify_message_v1 DISABLE TRIGGER outbox_notify_restamp_v1"
+        )
+    try:
+        with capture_logs() as logs:
+            relay = new_store(Frontier())
+    finally:
+        with _connect() as conn:
+            conn.execute(
+                "ALTER TABLE outbox_notify_message_v1 ENABLE TRIGGER outbox_notify_restamp_v1"
+            )
+    assert [(e["event"], e.get("rows")) for e in logs] == [("outbox.copied_rows_unstamped", 2)]
     assert sorted(_publish_all(relay)) == copied
 
 
