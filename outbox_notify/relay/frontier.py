@@ -226,7 +226,7 @@ class Frontier:
         if cluster is not None and self.cluster is not None and cluster != self.cluster:
             ahead.append(f"saved on cluster/timeline {self.cluster}, this is {cluster}")
         # Saved by an older release, or where the server did not tell: its positions may be
-        # of any cluster. Started again without a warning (once, at an upgrade).
+        # of any cluster. Started again without a warning (at each start that loads one).
         unknown = cluster is not None and self.cluster is None
         ahead += [
             f"{name} transaction {txid}"
