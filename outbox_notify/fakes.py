@@ -124,8 +124,8 @@ class InMemoryStore:
     def connect(self) -> None:
         """Load the saved frontier, as the real store does on connecting."""
         version = {"max_version": SCHEMA_VERSION}
-        self.run("ensure_frontier_row", version)
         self.run("set_claim_timeout", {"timeout_ms": "30000"})
+        self.run("ensure_frontier_row", version)
         self.run("restamp_copied_rows", {"limit": 5_000})
         self.run("load_frontier", version)
         self.run("cluster_identity")

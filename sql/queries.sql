@@ -277,10 +277,9 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
 -- claim would read them again, published and dead, until vacuum removed them. Touching them
 -- stamps them with this transaction (the UPDATE trigger), in order with the rest: up to
 -- %(limit)s of each kind a transaction (the relay repeats it while it finds that many, and
--- the trigger stamped them all). Rows
--- another session holds are left for the next connect. Run under set_claim_timeout's planner
--- settings: two probes at the ends of the txid indexes when there are none, which is always
--- but after a restore.
+-- the trigger stamped them all). Rows another session holds are left for the next connect.
+-- Run under set_claim_timeout's planner settings: two probes at the ends of the txid indexes
+-- when there are none, which is always but after a restore.
 WITH ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE m.retry_after IS NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
