@@ -297,7 +297,9 @@ def _properties(options: Mapping[str, Any], task_id: str) -> dict[str, Any]:
         "correlation_id": stored.get("correlation_id", task_id),
         "reply_to": options["reply_to"],
     }
-    properties.update((k, v) for k, v in stored.items() if k != "correlation_id")
+    for key, value in stored.items():  # no generator: read for every row a relay publishes
+        if key != "correlation_id":
+            properties[key] = value
     return properties
 
 

@@ -86,9 +86,10 @@ def new_id() -> str:
     return uuid.uuid4().hex
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(kw_only=True, slots=True)
 class PublishSpec:
-    """What the relay hands to the broker for one row, decoded from its `options`."""
+    """What the relay hands to the broker for one row, decoded from its `options`. Read-only
+    by convention, not frozen: see relay/store.py's ClaimedRow."""
 
     headers: dict[str, Any]
     properties: dict[str, Any]

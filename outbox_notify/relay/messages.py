@@ -40,9 +40,10 @@ PLAIN_EMBED_TEXT = kombu_json.dumps(PLAIN_EMBED)
 SENTRY_HEADERS = ("sentry-trace", "baggage")
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+@dataclasses.dataclass(kw_only=True, slots=True)
 class OutgoingMessage:
-    """One message ready for the publisher, tied to the row it came from."""
+    """One message ready for the publisher, tied to the row it came from. Read-only by
+    convention, not frozen: see relay/store.py's ClaimedRow."""
 
     row: ClaimedRow
     body: Any  # JSON text for the json serializer; (args, kwargs, embed) for any other

@@ -45,9 +45,12 @@ GAUGE_EXACT_LIMIT = 10_000  # rows: the depth gauge counts this many, then estim
 SAMPLES_KEPT_FOR = 86_400.0
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class ClaimedRow:
-    """One outbox row held by this relay's open claim."""
+    """One outbox row held by this relay's open claim. Read-only by convention: not frozen,
+    because a frozen dataclass's __init__ sets each field through object.__setattr__, about
+    1 µs a row here, and every claimed row is built once (the same holds for PublishSpec and
+    OutgoingMessage, built once a row too)."""
 
     id: int
     task_id: str
