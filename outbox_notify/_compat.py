@@ -39,6 +39,9 @@ REDIS_CHANNEL_NEEDS = (
     "_lookup",  # the bound lists of a domain event's exchange
     "deadletter_queue",
 )
+# Not listed, on purpose: `_next_delivery_tag`, which the Redis fast path replaces on its own
+# channel with cheaper tags (relay/redis_publisher.py, DeliveryTags) only where the channel
+# has it; without it, kombu's augmentation makes its own tags and nothing else changes.
 AMQP_CHANNEL_NEEDS = ("send_method", "confirm_select", "events", "prepare_message")
 AMQP_CONNECTION_NEEDS = ("on_blocked", "on_unblocked", "drain_events", "transport")
 

@@ -102,10 +102,9 @@ class DeliveryTags:
     """Delivery tags for kombu's Redis envelopes: random version-4 UUIDs, as kombu makes them
     (`kombu.utils.uuid`), from one os.urandom() call per 512 tags.
 
-    kombu's channel makes each one with uuid.uuid4(), about 2.7 µs a message on this
-    project's benchmark machine, several percent of the relay's CPU per message; these take
-    under 1 µs. A tag only has to be unique: a Redis consumer keys its unacknowledged
-    messages by it. A process forked with tags in hand draws new ones (the pid is checked),
+    kombu's channel makes each one with a uuid.uuid4() call of its own: several percent of
+    the relay's CPU per message (docs/benchmarks.md, "Against a previous commit"). A tag only
+    has to be unique: a Redis consumer keys its unacknowledged messages by it. A process forked with tags in hand draws new ones (the pid is checked),
     so parent and child never hand out the same. One object per publisher, which one thread
     uses at a time.
     """
@@ -179,6 +178,7 @@ class RedisPipelinePublisher:
     def close(self) -> None:
         """Drop the broker connection."""
         self.warmed = None
+        self.tagged = None
         self.fallback.close()
 
     def publish(

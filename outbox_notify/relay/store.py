@@ -48,9 +48,9 @@ SAMPLES_KEPT_FOR = 86_400.0
 @dataclasses.dataclass(slots=True)
 class ClaimedRow:
     """One outbox row held by this relay's open claim. Read-only by convention: not frozen,
-    because a frozen dataclass's __init__ sets each field through object.__setattr__, about
-    1 µs a row here, and every claimed row is built once (the same holds for PublishSpec and
-    OutgoingMessage, built once a row too)."""
+    because a frozen dataclass's __init__ sets each field through object.__setattr__, a cost
+    paid for every row claimed (the same holds for PublishSpec and OutgoingMessage, built once
+    a row too)."""
 
     id: int
     task_id: str

@@ -6,7 +6,6 @@ import base64
 import dataclasses
 import datetime as dt
 import json
-import os
 import uuid
 from typing import Any
 
@@ -20,7 +19,7 @@ from outbox_notify.app import RecordingProducer
 from outbox_notify.compact import build_row
 from outbox_notify.relay import fastjson, messages
 from outbox_notify.relay.publisher import KombuPublisher, Result
-from outbox_notify.relay.redis_publisher import DeliveryTags, RedisPipelinePublisher
+from outbox_notify.relay.redis_publisher import RedisPipelinePublisher
 from outbox_notify.relay.store import ClaimedRow
 from tests.celery_app import app
 
@@ -337,7 +336,8 @@ def test_fast_path_delivery_tags_are_fresh_uuid4s_made_without_uuid4(
     redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch of 600 messages (more than one urandom read of tags) gets 600 different
-    version-4 UUIDs, none of them from kombu's uuid4 (which this test makes fail)."""
+    version-4 UUIDs, each one the publisher's DeliveryTags handed out, none from kombu's uuid4
+    (which this test makes fail)."""
 
     def no_uuid4() -> Any:
         raise AssertionError("kombu's uuid4 was asked for a delivery tag")
@@ -346,37 +346,27 @@ def test_fast_path_delivery_tags_are_fresh_uuid4s_made_without_uuid4(
     app.conf.broker_url = redis_url
     batch = [messages.prepare(claimed(queue_name), dt.datetime.now(dt.UTC)) for _ in range(600)]
     publisher = RedisPipelinePublisher(KombuPublisher(app, send_timeout=5))
+    handed: list[str] = []
+    draw = publisher.tags
+
+    def recorded() -> str:
+        tag = draw()
+        handed.append(tag)
+        return tag
+
+    monkeypatch.setattr(publisher, "tags", recorded)
     client = redis.Redis.from_url(redis_url)
     try:
         attempts = publisher.publish(batch, lambda: False)
         raws = client.lrange(queue_name, 0, -1)
     finally:
         publisher.close()
-        client.delete(queue_name)
-    assert {a.result for a in attempts} == {Result.PUBLISHED}
+        for key in client.keys(f"*{queue_name}*"):  # the queue and kombu's binding
+            client.delete(key)
+    assert [a for a in attempts if a.result is not Result.PUBLISHED] == []
     tags = [json.loads(raw)["properties"]["delivery_tag"] for raw in raws]
     assert len(set(tags)) == 600
+    assert sorted(tags) == sorted(handed)
     for tag in tags:
         parsed = uuid.UUID(tag)
         assert (str(parsed), parsed.version, parsed.variant) == (tag, 4, uuid.RFC_4122)
-
-
-def test_delivery_tags_of_a_forked_child_are_its_own() -> None:
-    """Tags drawn before a fork are not handed out again by both processes."""
-    tags = DeliveryTags()
-    tags()  # the pool is drawn before the fork
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its next tag, then out without running the parent's cleanup
-        try:
-            os.write(writer, tags().encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    try:
-        child = os.read(reader, 64).decode()
-    finally:
-        os.close(reader)
-        os.waitpid(pid, 0)
-    assert child
-    assert child != tags()
