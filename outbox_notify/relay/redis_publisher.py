@@ -104,9 +104,9 @@ class DeliveryTags:
 
     kombu's channel makes each one with a uuid.uuid4() call of its own: several percent of
     the relay's CPU per message (docs/benchmarks.md, "Against a previous commit"). A tag only
-    has to be unique: a Redis consumer keys its unacknowledged messages by it. A process forked with tags in hand draws new ones (the pid is checked),
-    so parent and child never hand out the same. One object per publisher, which one thread
-    uses at a time.
+    has to be unique: a Redis consumer keys its unacknowledged messages by it. A process
+    forked with tags in hand draws new ones (the pid is checked), so parent and child never
+    hand out the same. One object per publisher, which one thread uses at a time.
     """
 
     def __init__(self) -> None:
