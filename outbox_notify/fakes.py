@@ -95,7 +95,8 @@ class InMemoryStore:
     `run(name, params)`, which calls `query_<name>` with the same parameters. `ran` lists the
     queries in order; `finished` the outcome of every claim. Rows are never held back for a
     retry time: a test that wants a row later adds it later. Set `gauge_error` to make the
-    gauges fail as a missing permission does; `dead_rows`, `dead_letters` and `holder` are what they report.
+    gauges fail as a missing permission does; `dead_rows`, `dead_rows_held`, `dead_letters`
+    and `holder` are what they report.
     """
 
     def __init__(self, rows: Iterable[ClaimedRow] = ()) -> None:
@@ -106,6 +107,7 @@ class InMemoryStore:
         self.gauges = 0
         self.gauge_error: str | None = None
         self.dead_rows = 0
+        self.dead_rows_held = 0
         self.dead_letters = 0  # what the dead-letter gauge counts
         self.holder: SnapshotHolder | None = None
         self.probes: list[str] = []
@@ -242,7 +244,11 @@ class InMemoryStore:
         if self.gauge_error is not None:
             raise GaugeUnavailable(self.gauge_error)
         return QueueGauges(
-            depth=len(self.rows), oldest_seconds=1.5, dead_rows=self.dead_rows, holder=self.holder
+            depth=len(self.rows),
+            oldest_seconds=1.5,
+            dead_rows=self.dead_rows,
+            dead_rows_held=self.dead_rows_held,
+            holder=self.holder,
         )
 
     def query_dead_letters_readable(self) -> bool:

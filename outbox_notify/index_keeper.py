@@ -8,10 +8,11 @@ itself (outbox_notify/reindex.py, `bloated`), it rebuilds them with REINDEX INDE
 which blocks neither writers nor claims.
 
 - Only after dead rows piled up: the keeper is armed when it starts and whenever a look finds
-  more than `refuse_above` dead rows (it waits then: a rebuild would keep them, whoever holds
-  them, seen or not), and disarmed by a rebuild that went through, so a queue that merely
-  drained (its table truncated, its indexes at their usual size) is left alone. An invalid
-  copy left by an interrupted rebuild is dropped whether armed or not.
+  more than `refuse_above` dead rows, and disarmed by a rebuild that went through, so a queue
+  that merely drained (its table truncated, its indexes at their usual size) is left alone.
+  It waits while more than `refuse_above` of them are held back (a vacuum had to leave them:
+  a rebuild would keep them), whoever holds them, seen or not. An invalid copy left by an
+  interrupted rebuild is dropped whether armed or not.
 - One rebuild at a time, relays and `outbox_reindex` alike (a session advisory lock); at most
   once per MIN_GAP per relay; a long transaction in the way ends the attempt at the first
   index that waited LOCK_WAIT for it.
@@ -136,12 +137,15 @@ class IndexKeeper:
             return self._look(cur, time.monotonic())
 
     def _look(self, cur: Any, now: float) -> str:
-        dead_rows, _ = stats.vacuum_horizon(cur)
-        if dead_rows > self.refuse_above:
-            # Whether or not this role can see what holds them: a rebuild now would keep them,
-            # and once autovacuum has removed them the table's tail is truncated and the
-            # indexes stand out against it.
+        horizon = stats.vacuum_horizon(cur)
+        if horizon.dead_rows > self.refuse_above:
+            # Once autovacuum has removed them, the table's tail is truncated and the indexes
+            # stand out against it.
             self.armed = True
+        if horizon.dead_rows_held > self.refuse_above:
+            # A vacuum had to leave them, whether or not this role can see what holds them: a
+            # rebuild now would keep them. Rows that only wait for autovacuum's next round (a
+            # busy outbox deletes 100,000 and more between two) do not count.
             return "held"
         found = reindex.indexes(cur)
         heap = reindex.table_bytes(cur)

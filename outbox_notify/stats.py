@@ -21,7 +21,7 @@ from psycopg.rows import tuple_row
 from outbox_notify import held
 from outbox_notify import sql as sql_files
 from outbox_notify.relay.frontier import Frontier
-from outbox_notify.relay.store import SnapshotHolder, gauges_from
+from outbox_notify.relay.store import QueueGauges, SnapshotHolder, gauges_from
 from outbox_notify.serialization import EVENT_VERSION, SCHEMA_VERSION
 
 EXACT_LIMIT = 10_000  # rows: a LIMITed count reads at most this many before estimating
@@ -84,6 +84,9 @@ class OutboxStats:
     # keeps it from removing them (None when there is none this role may see).
     dead_rows: int = 0
     oldest_snapshot: SnapshotHolder | None = None
+    # How many of the dead rows a vacuum had to leave: dead_rows beyond the rows inserted since
+    # the table's last vacuum (the rest only wait for autovacuum's next round).
+    dead_rows_held: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """The snapshot as JSON-ready data (the `outbox_stats --format json` document)."""
@@ -239,7 +242,7 @@ def collect(
         oldest = scalar(
             cur, "oldest_pending", {**frontier, "limit": exact_limit, "window": exact_limit}
         )
-        dead_rows, holder = vacuum_horizon(cur)
+        horizon = vacuum_horizon(cur)
         return OutboxStats(
             queue_depth=depth.value,
             due_now=max(depth.value - retrying.value - scheduled.count, 0),
@@ -261,16 +264,17 @@ def collect(
             },
             scheduled=scheduled,
             events=by_type,
-            dead_rows=dead_rows,
-            oldest_snapshot=holder,
+            dead_rows=horizon.dead_rows,
+            oldest_snapshot=horizon.holder,
+            dead_rows_held=horizon.dead_rows_held,
         )
 
 
-def vacuum_horizon(cur: Cursor) -> tuple[int, SnapshotHolder | None]:
-    """The outbox's dead rows, and the oldest snapshot keeping vacuum from removing them."""
+def vacuum_horizon(cur: Cursor) -> QueueGauges:
+    """The outbox's dead rows, how many of them a snapshot holds back, and the oldest snapshot
+    keeping vacuum from removing them (the gauges' vacuum fields; the others are zero)."""
     cur.execute(queries()["vacuum_horizon"])
-    gauges = gauges_from((0, None, None, *cur.fetchone()))
-    return gauges.dead_rows, gauges.holder
+    return gauges_from((0, None, None, *cur.fetchone()))
 
 
 def format_text(stats: OutboxStats) -> str:
@@ -290,6 +294,7 @@ def format_text(stats: OutboxStats) -> str:
         f"claims_open            {stats.claims_open}",
         f"oldest_claim_seconds   {stats.oldest_claim_seconds:.1f}",
         f"dead_rows              {stats.dead_rows}",
+        f"dead_rows_held         {stats.dead_rows_held}",
         f"oldest_snapshot        {holder_text(stats.oldest_snapshot)}",
         *held.as_text(stats.scheduled),
         *_events_text(stats),

@@ -224,6 +224,18 @@ holder AS MATERIALIZED (
 coalesce((SELECT s.n_dead_tup FROM pg_stat_user_tables AS s
           WHERE s.relid = 'outbox_notify_message_v1'::regclass), 0)::bigint
 
+-- name: _dead_rows_held
+-- An expression: how many of those dead rows a snapshot holds back, as far as the statistics
+-- tell: the dead rows beyond the rows inserted since the table's last vacuum. A vacuum sets
+-- n_dead_tup to the dead rows it had to leave and n_ins_since_vacuum to 0, and every outbox
+-- row is inserted before it is deleted: the figure is near 0 while autovacuum keeps up,
+-- however many rows a busy outbox deleted since its last round, and large once a vacuum ran
+-- while an old snapshot held rows back. It overcounts by the rows that were live at that
+-- vacuum and deleted since (a backlog drained after it) and by retries' updates, until the
+-- next round; it counts the rows a snapshot holds only from the first vacuum after it began.
+greatest(coalesce((SELECT s.n_dead_tup - s.n_ins_since_vacuum FROM pg_stat_user_tables AS s
+                   WHERE s.relid = 'outbox_notify_message_v1'::regclass), 0), 0)::bigint
+
 -- name: _held
 -- A condition: a held row whose ETA is still ahead.
 retry_after > now() AND retries = 0 AND last_error IS NULL

@@ -129,13 +129,16 @@ ORDER BY sum(pending) + sum(dead_letters) DESC, task_name
 LIMIT %(top)s;
 
 -- name: vacuum_horizon
--- The outbox's dead rows and the oldest snapshot that keeps vacuum from removing them (see
--- _dead_rows and _snapshot_holder in sql/fragments.sql).
+-- The outbox's dead rows, how many of them a snapshot holds back, and the oldest snapshot that
+-- keeps vacuum from removing them (see _dead_rows, _dead_rows_held and _snapshot_holder in
+-- sql/fragments.sql).
 WITH
 -- include: _snapshot_holder
 SELECT
     -- include: _dead_rows
         AS dead_rows,
+    -- include: _dead_rows_held
+        AS dead_rows_held,
     h.kind, h.xids, h.seconds, h.pid, h.name
 FROM (SELECT 1) AS one
 LEFT JOIN holder AS h ON true;

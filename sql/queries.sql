@@ -497,8 +497,9 @@ FROM found;
 -- an index: the depth, exact up to %(limit)s rows and beyond that the planner's way of
 -- estimating it (rows per page at the last ANALYZE times the table's pages now); the oldest
 -- pending row's age (_oldest_pending, as outbox_stats reports it); the dead rows
--- (_dead_rows); and the oldest snapshot holding them back (_snapshot_holder). Beside them,
--- the rows held until an ETA still ahead (_held, through the scheduled index from now on)
+-- (_dead_rows), how many of them a snapshot holds back (_dead_rows_held) and the oldest
+-- snapshot holding them back (_snapshot_holder). Beside them, the rows held until an ETA
+-- still ahead (_held, through the scheduled index from now on)
 -- and those waiting for a retry (_retrying, through the failed index from now on), each
 -- count stopping after %(limit)s rows, and the relays' sessions waiting on LISTEN (as
 -- outbox_stats's relay_sessions counts them). The dead letters are another statement
@@ -520,6 +521,8 @@ SELECT
         AS oldest_seconds,
     -- include: _dead_rows
         AS dead_rows,
+    -- include: _dead_rows_held
+        AS dead_rows_held,
     h.kind, h.xids, h.seconds, h.pid, h.name,
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_message_v1

@@ -68,8 +68,9 @@ class Relay:
     GAUGE_INTERVAL = 15.0  # seconds between gauge samples with metrics on
     # Seconds between gauge samples with metrics off: only the dead-rows warning reads them.
     VACUUM_CHECK_INTERVAL = 60.0
-    # Dead rows in the outbox past which the relay warns (outbox.vacuum_held_back), at most
-    # once per VACUUM_WARNING_INTERVAL seconds: claims do not slow down, but the table grows.
+    # Dead rows a snapshot holds back (QueueGauges.dead_rows_held) past which the relay warns
+    # (outbox.vacuum_held_back), at most once per VACUUM_WARNING_INTERVAL seconds: claims do
+    # not slow down, but the table grows.
     DEAD_ROWS_WARNING = 100_000
     VACUUM_WARNING_INTERVAL = 300.0
     LIVENESS_MIN_INTERVAL = 1.0  # seconds: touch the liveness file no more often than this
@@ -289,15 +290,18 @@ class Relay:
             log.warning("outbox.sample_failed", error=str(exc))
 
     def warn_if_vacuum_held_back(self, gauges: QueueGauges) -> None:
-        """outbox.vacuum_held_back when the dead rows pass DEAD_ROWS_WARNING (rate-limited)."""
+        """outbox.vacuum_held_back when the dead rows a snapshot holds back pass
+        DEAD_ROWS_WARNING (rate-limited). Dead rows that only wait for autovacuum's next round
+        do not count: a busy outbox deletes more than that between two rounds."""
         now = self.clock.monotonic()
-        if gauges.dead_rows < self.DEAD_ROWS_WARNING or now < self.next_vacuum_warning:
+        if gauges.dead_rows_held < self.DEAD_ROWS_WARNING or now < self.next_vacuum_warning:
             return
         self.next_vacuum_warning = now + self.VACUUM_WARNING_INTERVAL
         holder = gauges.holder
         log.warning(
             "outbox.vacuum_held_back",
             dead_rows=gauges.dead_rows,
+            dead_rows_held=gauges.dead_rows_held,
             holder=holder.kind if holder else None,
             holder_pid=holder.pid if holder else None,
             holder_name=holder.name if holder else None,

@@ -122,6 +122,10 @@ class QueueGauges:
     depth: int
     oldest_seconds: float
     dead_rows: int = 0
+    # How many of the dead rows a snapshot holds back: those beyond the rows inserted since
+    # the last vacuum (_dead_rows_held). The dead rows alone also count those autovacuum has
+    # not reached yet, 100,000 and more between two rounds on a busy outbox.
+    dead_rows_held: int = 0
     holder: SnapshotHolder | None = None
     # Rows held until an ETA ahead, rows waiting for a retry, dead letters (None: this role
     # may not count them), each counted up to GAUGE_EXACT_LIMIT + 1 rows; relays listening.
@@ -687,8 +691,8 @@ def _count(row: Sequence[Any] | None) -> int:
 
 def gauges_from(row: Sequence[Any] | None, *, dead_letters: int | None = None) -> QueueGauges:
     """The gauges from a queue_gauges row: the exact count while it stays under the cap."""
-    columns = row or (0, *[None] * 8)
-    counted, estimated, oldest, dead, kind, xids, seconds, pid, name, *counts = columns
+    columns = row or (0, *[None] * 9)
+    counted, estimated, oldest, dead, dead_held, kind, xids, seconds, pid, name, *counts = columns
     # outbox_stats reads the vacuum columns alone, without the counts that follow them.
     held, retrying, listening = counts or (0, 0, 0)
     depth = int(counted)
@@ -707,6 +711,7 @@ def gauges_from(row: Sequence[Any] | None, *, dead_letters: int | None = None) -
         depth=depth,
         oldest_seconds=float(oldest or 0.0),
         dead_rows=int(dead or 0),
+        dead_rows_held=int(dead_held or 0),
         holder=holder,
         held=int(held or 0),
         retrying=int(retrying or 0),

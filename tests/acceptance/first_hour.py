@@ -43,8 +43,9 @@ _VARYING = [
     (re.compile(r"celery@\S+"), "celery@<host>"),
     (re.compile(r"ForkPoolWorker-\d+"), "ForkPoolWorker-<n>"),
     (re.compile(r"\d+\.\d+(?:e-?\d+)?"), "<number>"),
-    # Dead rows: published rows that autovacuum has not removed yet, whenever it last ran.
-    (re.compile(r"^(dead_rows\s+)\d+"), r"\1<count>"),
+    # Dead rows: published rows that autovacuum has not removed yet, whenever it last ran (and
+    # those of them it had to leave, which depends on when it ran too).
+    (re.compile(r"^(dead_rows(?:_held)?\s+)\d+"), r"\1<count>"),
     (re.compile(r"[ \t]+"), " "),
 ]
 # Printed by Django 5.2's `shell` (and not by 4.2), followed by a blank line.

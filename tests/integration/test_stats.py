@@ -207,6 +207,7 @@ def test_json_format_has_the_documented_keys() -> None:
         "claims_open",
         "oldest_claim_seconds",
         "dead_rows",
+        "dead_rows_held",
         "oldest_snapshot",
         "exact",
     } <= set(data)
@@ -281,8 +282,11 @@ def test_dead_rows_and_the_snapshot_holding_them_are_reported() -> None:
             writer.execute("DELETE FROM outbox_notify_message_v1")
         # The writer's session has ended: its statistics reached the collector.
         wait_for(lambda: stats.collect(connections["default"], top=0).dead_rows >= 2000)
+        with connect() as vacuum:
+            vacuum.execute("VACUUM outbox_notify_message_v1")  # it has to leave them
         snapshot = stats.collect(connections["default"], top=0)
         holder_pid = holder.info.backend_pid
+    assert snapshot.dead_rows_held >= 2000, snapshot
     assert snapshot.oldest_snapshot is not None
     assert (snapshot.oldest_snapshot.kind, snapshot.oldest_snapshot.name) == (
         "session",
@@ -292,4 +296,6 @@ def test_dead_rows_and_the_snapshot_holding_them_are_reported() -> None:
     assert (snapshot.oldest_snapshot.seconds or 0) >= 0
     text = stats.format_text(snapshot)
     assert "oldest_snapshot        session pid" in text
+    assert f"dead_rows_held         {snapshot.dead_rows_held}" in text
     assert snapshot.as_dict()["oldest_snapshot"]["name"] == "tests.old-snapshot"
+    assert snapshot.as_dict()["dead_rows_held"] == snapshot.dead_rows_held

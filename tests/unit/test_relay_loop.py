@@ -119,7 +119,8 @@ def test_dead_rows_past_the_threshold_warn_with_what_holds_them_at_most_every_in
 
     holder = SnapshotHolder(kind="session", xids=12, seconds=600.0, pid=42, name="psql")
     store = InMemoryStore([])
-    store.dead_rows, store.holder = Relay.DEAD_ROWS_WARNING, holder
+    store.dead_rows, store.holder = Relay.DEAD_ROWS_WARNING + 5, holder
+    store.dead_rows_held = Relay.DEAD_ROWS_WARNING
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)))
     with structlog.testing.capture_logs() as logs:
         r.sample_gauges()
@@ -131,15 +132,33 @@ def test_dead_rows_past_the_threshold_warn_with_what_holds_them_at_most_every_in
     assert store.gauges == 3
     assert len(warnings) == 2
     assert warnings[0]["holder_pid"] == 42
+    assert warnings[0]["dead_rows_held"] == Relay.DEAD_ROWS_WARNING
     assert (warnings[0]["dead_rows"], warnings[0]["holder"], warnings[0]["holder_name"]) == (
-        Relay.DEAD_ROWS_WARNING,
+        Relay.DEAD_ROWS_WARNING + 5,
         "session",
         "psql",
     )
-    store.dead_rows = Relay.DEAD_ROWS_WARNING - 1
+    store.dead_rows_held = Relay.DEAD_ROWS_WARNING - 1
     r.clock.now += Relay.VACUUM_WARNING_INTERVAL  # type: ignore[attr-defined]
     with structlog.testing.capture_logs() as logs:
         r.sample_gauges()
+    assert not [e for e in logs if e["event"] == "outbox.vacuum_held_back"]
+
+
+def test_dead_rows_only_waiting_for_autovacuum_do_not_warn() -> None:
+    """A busy outbox deletes more rows than the threshold between two autovacuum rounds, and
+    the relay's own claim is often the oldest snapshot: none of that is a held-back vacuum."""
+    import structlog
+
+    store = InMemoryStore([])
+    store.dead_rows, store.dead_rows_held = 10 * Relay.DEAD_ROWS_WARNING, 3
+    store.holder = SnapshotHolder(
+        kind="session", xids=2, seconds=0.0, pid=7, name="outbox_notify.claim"
+    )
+    r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)))
+    with structlog.testing.capture_logs() as logs:
+        r.sample_gauges()
+    assert store.gauges == 1
     assert not [e for e in logs if e["event"] == "outbox.vacuum_held_back"]
 
 

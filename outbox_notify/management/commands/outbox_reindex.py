@@ -19,7 +19,7 @@ from outbox_notify.management.commands._common import OutboxCommand, reported, s
 
 NEEDS = "ownership of outbox_notify_message_v1 (run it as the role that ran migrate)"
 DEFAULT_MIN_SIZE = 1  # MiB: smaller indexes are left alone, there is nothing to give back
-DEFAULT_REFUSE_ABOVE = 100_000  # dead rows, the relay's outbox.vacuum_held_back threshold
+DEFAULT_REFUSE_ABOVE = 100_000  # held dead rows, the relay's outbox.vacuum_held_back threshold
 DEFAULT_LOCK_WAIT = 60.0  # seconds a rebuild waits for the transactions running when it began
 
 
@@ -45,8 +45,8 @@ class Command(OutboxCommand):
             type=whole_number(0),
             default=DEFAULT_REFUSE_ABOVE,
             metavar="ROWS",
-            help="do nothing while the outbox has more dead rows than this and a snapshot "
-            "holds them (default %(default)s)",
+            help="do nothing while a snapshot holds more of the outbox's dead rows than "
+            "this (rows the last vacuum had to leave; default %(default)s)",
         )
         parser.add_argument(
             "--lock-wait",
@@ -108,12 +108,13 @@ class Command(OutboxCommand):
             )
 
     def _refuse_while_held(self, cur: Any, refuse_above: int) -> None:
-        dead_rows, holder = stats.vacuum_horizon(cur)
-        if holder is not None and dead_rows > refuse_above:
+        horizon = stats.vacuum_horizon(cur)
+        holder = horizon.holder
+        if holder is not None and horizon.dead_rows_held > refuse_above:
             raise CommandError(
-                f"{dead_rows} dead rows are still held back by {stats.holder_text(holder)}: "
-                "a rebuilt index would keep them; end that transaction first "
-                "(docs/operations.md, 'Dead rows and old snapshots')"
+                f"{horizon.dead_rows_held} dead rows are still held back by "
+                f"{stats.holder_text(holder)}: a rebuilt index would keep them; end that "
+                "transaction first (docs/operations.md, 'Dead rows and old snapshots')"
             )
 
     def _plan(self, found: list[reindex.Index], min_size: int) -> None:
