@@ -37,6 +37,20 @@ m.retry_after <= statement_timestamp()
 w.retry_after IS NOT NULL
       AND (w.txid, w.id) > (%(sched_txid)s::xid8, %(sched_id)s::bigint)
 
+-- name: _fresh_lookup
+-- A WHERE clause on `m`: the rows of `walked` (a CTE of scheduled rows written since the
+-- scheduled position) that are due now, looked up by id through the primary key and through
+-- nothing else, whatever the statistics. As `m.id IN (SELECT id FROM walked)`, a generic plan
+-- could read a whole partial index (every scheduled row, and every dead one an old snapshot
+-- kept) and join it to `walked`; `coalesce` keeps the partial indexes out of the plan, as the
+-- planner cannot prove their `retry_after IS NOT NULL` from it (a row with no retry_after is
+-- not due either way).
+WHERE m.id = ANY(ARRAY(SELECT w.id FROM walked AS w
+                       WHERE w.retry_after <= statement_timestamp()
+                         AND w.schema_version <= %(max_version)s))
+      AND coalesce(m.retry_after, 'infinity'::timestamptz) <= statement_timestamp()
+      AND m.schema_version <= %(max_version)s
+
 -- name: _ready_rows
 -- A condition on `m`: a ready row (no retry_after) after the ready position.
 m.retry_after IS NULL
@@ -58,6 +72,7 @@ late_ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE
     -- include: _late_ready_rows
+    ORDER BY m.txid, m.id  -- pins the read to its index (see claim_batch's ready_left)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
@@ -65,6 +80,7 @@ late_due AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE
     -- include: _late_due_rows
+    ORDER BY m.txid, m.id  -- pins the read to its index (see claim_batch's ready_left)
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
@@ -77,7 +93,7 @@ due AS (
     FOR UPDATE SKIP LOCKED
 ),
 walked AS MATERIALIZED (
-    SELECT w.id FROM outbox_notify_message_v1 AS w
+    SELECT w.id, w.retry_after, w.schema_version FROM outbox_notify_message_v1 AS w
     WHERE
     -- include: _walked_rows
     ORDER BY w.txid, w.id
@@ -85,9 +101,7 @@ walked AS MATERIALIZED (
 ),
 fresh AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
-    WHERE m.id IN (SELECT id FROM walked)
-      AND m.retry_after <= statement_timestamp()
-      AND m.schema_version <= %(max_version)s
+    -- include: _fresh_lookup
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 ),
@@ -143,15 +157,19 @@ pending AS MATERIALIZED (
     (SELECT m.id, m.task_name, m.schema_version, m.created_at, m.retry_after, m.retries,
             m.last_error
      FROM outbox_notify_message_v1 AS m
-     -- One index each (no OR across two indexes: the relay reads with bitmap scans off).
-     WHERE m.id IN (SELECT r.id FROM outbox_notify_message_v1 AS r
-                    WHERE r.id = ANY(%(recheck)s::bigint[])
-                    UNION
-                    SELECT r.id FROM outbox_notify_message_v1 AS r
-                    WHERE r.txid = ANY(%(late)s::xid8[]) AND r.retry_after IS NULL
-                    UNION
-                    SELECT r.id FROM outbox_notify_message_v1 AS r
-                    WHERE r.txid = ANY(%(late)s::xid8[]) AND r.retry_after IS NOT NULL)
+     -- One index each (no OR across two indexes: the relay reads with bitmap scans off),
+     -- then by id through the primary key (an array, not `IN (SELECT ...)`, which a generic
+     -- plan could join to a read of the whole primary key, dead rows and all).
+     WHERE m.id = ANY(ARRAY(SELECT r.id FROM outbox_notify_message_v1 AS r
+                            WHERE r.id = ANY(%(recheck)s::bigint[])
+                            UNION
+                            SELECT r.id FROM outbox_notify_message_v1 AS r
+                            WHERE r.txid = ANY(%(late)s::xid8[]) AND r.retry_after IS NULL
+                            UNION
+                            (SELECT r.id FROM outbox_notify_message_v1 AS r
+                             WHERE r.txid = ANY(%(late)s::xid8[])
+                               AND r.retry_after IS NOT NULL
+                             ORDER BY r.txid, r.id)))  -- pinned to its index, as in the claim
        AND NOT coalesce(
            (m.retry_after IS NULL
             AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint))

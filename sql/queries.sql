@@ -77,12 +77,14 @@ picked AS MATERIALIZED (
         SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
         WHERE
         -- include: _late_ready_rows
+        ORDER BY m.txid, m.id  -- as its index is, which pins the read to it (see ready_left)
         FOR UPDATE SKIP LOCKED) AS late_ready
     UNION ALL
     SELECT * FROM (
         SELECT m.*, 1 AS part FROM outbox_notify_message_v1 AS m
         WHERE
         -- include: _late_due_rows
+        ORDER BY m.txid, m.id
         FOR UPDATE SKIP LOCKED) AS late_due
     UNION ALL
     -- end optional: late
@@ -90,10 +92,7 @@ picked AS MATERIALIZED (
     UNION ALL
     SELECT * FROM (
         SELECT m.*, 3 AS part FROM outbox_notify_message_v1 AS m
-        WHERE m.id IN (SELECT id FROM walked
-                       WHERE retry_after <= statement_timestamp()
-                         AND schema_version <= %(max_version)s)
-          AND m.retry_after <= statement_timestamp()
+        -- include: _fresh_lookup
           AND m.id NOT IN (SELECT id FROM due)
         FOR UPDATE SKIP LOCKED) AS fresh
     UNION ALL
@@ -174,45 +173,63 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
         -- end optional: recheck
         -- optional: late
         'late_left', CASE WHEN (SELECT exhausted OR last_part > 1 FROM bounds) THEN ARRAY(
-            SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE
-            -- include: _late_ready_rows
-              AND m.id NOT IN (SELECT id FROM picked)
+            (SELECT m.id FROM outbox_notify_message_v1 AS m
+             WHERE
+             -- include: _late_ready_rows
+               AND m.id NOT IN (SELECT id FROM picked)
+             ORDER BY m.txid, m.id)
             UNION ALL
-            SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE
-            -- include: _late_due_rows
-              AND m.id NOT IN (SELECT id FROM picked)) END,
+            (SELECT m.id FROM outbox_notify_message_v1 AS m
+             WHERE
+             -- include: _late_due_rows
+               AND m.id NOT IN (SELECT id FROM picked)
+             ORDER BY m.txid, m.id)) END,
         -- end optional: late
-        -- The due and ready parts' rows left behind, from the frontier to `upto`: three reads
-        -- each (the frontier's transaction or time, those between, `upto`'s), so that both
-        -- ends are conditions on single columns. Bounded by two row comparisons instead, the
-        -- index scan did not stop at `upto`: it read the index to its end, every row still
-        -- ahead of the claim, at every claim of a drain.
+        -- The due and ready parts' rows left behind, from the frontier to `upto`, each part
+        -- read in three pieces so that every read is bounded at both ends by its index and
+        -- none can read an index from its start, whatever the statistics. The claim keeps one
+        -- generic plan, made again after autovacuum rounds, and the planner does not see dead
+        -- entries: some rounds' statistics made a read through the primary key look as cheap
+        -- (one read's only condition on it was `m.id <= ...`; it stepped over every dead row
+        -- an old snapshot kept: 1,926 pages a claim at 100,000 of them, and in the old-snapshot
+        -- benchmark a p50 that climbed to 60 ms until the next replan).
+        --   same  `upto` in the frontier's own time or transaction: the ids between the two,
+        --         an equality and an id range (tight on its index; the primary key could only
+        --         serve it between the two ids, both rows this claim or the last one took);
+        --   on    from the frontier to `upto`'s time or transaction: a row comparison starts
+        --         the read at the frontier, a bound on the first column ends it;
+        --   upto  `upto`'s own time or transaction, when it is past the frontier's: a range
+        --         on the first column (not an equality, which would leave any index ordered
+        --         by id to do), the id bounded where no index can serve it.
+        -- Each is ordered as its index is, which pins it to that index (sorts are off).
+        -- `upto` is at the end of the index (infinity) when the claim did not fill up.
         'due_left', ARRAY(
-            SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.retry_after = %(due_at)s::timestamptz AND m.id > %(due_id)s::bigint
-              AND m.id <= (SELECT CASE WHEN u.due_at > %(due_at)s::timestamptz
-                                       THEN 9223372036854775807 ELSE u.due_id END
-                           FROM upto AS u)
-              AND m.retry_after <= statement_timestamp()
-              AND m.schema_version <= %(max_version)s
-              AND m.id NOT IN (SELECT id FROM picked)
+            (SELECT m.id FROM outbox_notify_message_v1 AS m
+             WHERE m.retry_after = %(due_at)s::timestamptz AND m.id > %(due_id)s::bigint
+               AND m.id <= (SELECT due_id FROM upto)
+               AND (SELECT due_at FROM upto) = %(due_at)s::timestamptz
+               AND m.retry_after <= statement_timestamp()
+               AND m.schema_version <= %(max_version)s
+               AND m.id NOT IN (SELECT id FROM picked)
+             ORDER BY m.retry_after, m.id)
             UNION ALL
-            SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.retry_after > %(due_at)s::timestamptz
-              AND m.retry_after < (SELECT due_at FROM upto)
-              AND m.retry_after <= statement_timestamp()
-              AND m.schema_version <= %(max_version)s
-              AND m.id NOT IN (SELECT id FROM picked)
+            (SELECT m.id FROM outbox_notify_message_v1 AS m
+             WHERE (m.retry_after, m.id) > (%(due_at)s::timestamptz, %(due_id)s::bigint)
+               AND m.retry_after < (SELECT due_at FROM upto)
+               AND m.retry_after <= statement_timestamp()
+               AND m.schema_version <= %(max_version)s
+               AND m.id NOT IN (SELECT id FROM picked)
+             ORDER BY m.retry_after, m.id)
             UNION ALL
-            SELECT m.id FROM outbox_notify_message_v1 AS m
-            WHERE m.retry_after = (SELECT due_at FROM upto)
-              AND m.retry_after > %(due_at)s::timestamptz
-              AND m.id <= (SELECT due_id FROM upto)
-              AND m.retry_after <= statement_timestamp()
-              AND m.schema_version <= %(max_version)s
-              AND m.id NOT IN (SELECT id FROM picked)),
+            (SELECT m.id FROM outbox_notify_message_v1 AS m
+             WHERE m.retry_after >= (SELECT due_at FROM upto)
+               AND m.retry_after <= (SELECT due_at FROM upto)
+               AND m.retry_after > %(due_at)s::timestamptz
+               AND m.id + 0 <= (SELECT due_id FROM upto)
+               AND m.retry_after <= statement_timestamp()
+               AND m.schema_version <= %(max_version)s
+               AND m.id NOT IN (SELECT id FROM picked)
+             ORDER BY m.retry_after, m.id)),
         'walked_end', (SELECT json_build_array(b.walked_txid::text, b.walked_id) FROM bounds AS b
                        WHERE b.walked_txid IS NOT NULL),
         'walked_n', (SELECT count(*) FROM walked),
@@ -223,29 +240,32 @@ SELECT -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NUL
               AND w.id NOT IN (SELECT id FROM picked)),
         'ready_left', (
             SELECT json_agg(json_build_array(l.txid::text, l.id)) FROM (
-                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
-                WHERE m.retry_after IS NULL
-                  AND m.txid = %(ready_txid)s::xid8 AND m.id > %(ready_id)s::bigint
-                  AND m.id <= (SELECT CASE WHEN u.ready_txid > %(ready_txid)s::xid8
-                                           THEN 9223372036854775807 ELSE u.ready_id END
-                               FROM upto AS u)
-                  AND m.schema_version <= %(max_version)s
-                  AND m.id NOT IN (SELECT id FROM picked)
+                (SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                 WHERE m.retry_after IS NULL
+                   AND m.txid = %(ready_txid)s::xid8 AND m.id > %(ready_id)s::bigint
+                   AND m.id <= (SELECT ready_id FROM upto)
+                   AND (SELECT ready_txid FROM upto) = %(ready_txid)s::xid8
+                   AND m.schema_version <= %(max_version)s
+                   AND m.id NOT IN (SELECT id FROM picked)
+                 ORDER BY m.txid, m.id)
                 UNION ALL
-                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
-                WHERE m.retry_after IS NULL
-                  AND m.txid > %(ready_txid)s::xid8
-                  AND m.txid < (SELECT ready_txid FROM upto)
-                  AND m.schema_version <= %(max_version)s
-                  AND m.id NOT IN (SELECT id FROM picked)
+                (SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                 WHERE m.retry_after IS NULL
+                   AND (m.txid, m.id) > (%(ready_txid)s::xid8, %(ready_id)s::bigint)
+                   AND m.txid < (SELECT ready_txid FROM upto)
+                   AND m.schema_version <= %(max_version)s
+                   AND m.id NOT IN (SELECT id FROM picked)
+                 ORDER BY m.txid, m.id)
                 UNION ALL
-                SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
-                WHERE m.retry_after IS NULL
-                  AND m.txid = (SELECT ready_txid FROM upto)
-                  AND m.txid > %(ready_txid)s::xid8
-                  AND m.id <= (SELECT ready_id FROM upto)
-                  AND m.schema_version <= %(max_version)s
-                  AND m.id NOT IN (SELECT id FROM picked)) AS l)
+                (SELECT m.txid, m.id FROM outbox_notify_message_v1 AS m
+                 WHERE m.retry_after IS NULL
+                   AND m.txid >= (SELECT ready_txid FROM upto)
+                   AND m.txid <= (SELECT ready_txid FROM upto)
+                   AND m.txid > %(ready_txid)s::xid8
+                   AND m.id + 0 <= (SELECT ready_id FROM upto)
+                   AND m.schema_version <= %(max_version)s
+                   AND m.id NOT IN (SELECT id FROM picked)
+                 ORDER BY m.txid, m.id)) AS l)
     );
 
 -- name: ensure_frontier_row
@@ -280,19 +300,23 @@ SELECT (SELECT f.state FROM outbox_notify_frontier_v1 AS f
 -- the trigger stamped them all). Rows another session holds are left for the next connect.
 -- Run under set_claim_timeout's planner settings: two probes at the ends of the txid indexes
 -- when there are none, which is always but after a restore.
+-- Each read is ordered as its txid index is, and the update looks its rows up by id: no plan
+-- reads an index from its start (see claim_batch's due_left).
 WITH ready AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE m.retry_after IS NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    ORDER BY m.txid, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), scheduled AS (
     SELECT m.id FROM outbox_notify_message_v1 AS m
     WHERE m.retry_after IS NOT NULL AND m.txid >= pg_snapshot_xmax(pg_current_snapshot())
+    ORDER BY m.txid, m.id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), stamped AS (
     UPDATE outbox_notify_message_v1 SET retry_after = retry_after
-    WHERE id IN (SELECT id FROM ready UNION ALL SELECT id FROM scheduled)
+    WHERE id = ANY(ARRAY(SELECT id FROM ready UNION ALL SELECT id FROM scheduled))
     RETURNING txid
 )
 -- How many, and how many the trigger did not stamp (disabled, or a replica's session role):
@@ -366,18 +390,32 @@ SELECT
         SELECT 1 FROM outbox_notify_message_v1 AS m
         WHERE
         -- include: _recheck_rows
+    -- The two EXISTS below read a subquery ordered as its index is, with a LIMIT: that pins
+    -- the read to the index (sorts are off; EXISTS itself drops an ORDER BY). Otherwise a
+    -- generic plan read the scheduled rows' (txid, id) index from its start for the due test,
+    -- past every held row and every dead one.
     ) OR EXISTS (
-        SELECT 1 FROM outbox_notify_message_v1 AS m
-        WHERE
-        -- include: _ready_rows
+        SELECT 1 FROM (
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE
+            -- include: _ready_rows
+            ORDER BY m.txid, m.id
+            LIMIT 1) AS ready
     ) OR EXISTS (
-        SELECT 1 FROM outbox_notify_message_v1 AS m
-        WHERE
-        -- include: _due_rows
+        SELECT 1 FROM (
+            SELECT m.id FROM outbox_notify_message_v1 AS m
+            WHERE
+            -- include: _due_rows
+            ORDER BY m.retry_after, m.id
+            LIMIT 1) AS due
     ) AS due,
-    (SELECT extract(epoch FROM min(m.retry_after) - statement_timestamp())::float8
-     FROM outbox_notify_message_v1 AS m
-     WHERE m.retry_after > statement_timestamp()) AS next_due_in
+    -- The next due time: the first scheduled row from now on, in the scheduled index's order
+    -- (as `min(retry_after)`, a generic plan could read a whole partial index instead).
+    (SELECT extract(epoch FROM n.retry_after - statement_timestamp())::float8
+     FROM (SELECT m.retry_after FROM outbox_notify_message_v1 AS m
+           WHERE m.retry_after > statement_timestamp()
+           ORDER BY m.retry_after, m.id
+           LIMIT 1) AS n) AS next_due_in
 FROM found AS f;
 
 -- name: set_claim_timeout
@@ -528,11 +566,13 @@ SELECT
         SELECT 1 FROM outbox_notify_message_v1
         WHERE
         -- include: _held
+        ORDER BY retry_after, id  -- as its index is: no other index will do
         LIMIT %(limit)s) AS capped) AS held,
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_message_v1
         WHERE
         -- include: _retrying
+        ORDER BY retry_after, id  -- as its index is: no other index will do
         LIMIT %(limit)s) AS capped) AS retrying,
     (SELECT count(*) FROM pg_stat_activity
      WHERE datname = current_database() AND application_name = 'outbox_notify.listen')
@@ -583,11 +623,13 @@ SELECT
         SELECT 1 FROM outbox_notify_message_v1
         WHERE
         -- include: _held
+        ORDER BY retry_after, id  -- as its index is: no other index will do
         LIMIT %(limit)s) AS capped),
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_message_v1
         WHERE
         -- include: _retrying
+        ORDER BY retry_after, id  -- as its index is: no other index will do
         LIMIT %(limit)s) AS capped),
     (SELECT count(*) FROM (
         SELECT 1 FROM outbox_notify_dead_letter_v1 LIMIT %(limit)s) AS capped),

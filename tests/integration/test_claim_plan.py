@@ -13,6 +13,7 @@ statement's plan to the client as a NOTICE: so this is the claim as the relay ru
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -395,4 +396,101 @@ def test_one_shape_of_the_claim_is_prepared_once_whatever_its_positions_values()
         copies = [text for text, _, _ in _prepared(store) if text == shape]
         assert len(copies) == 1, copies
     finally:
+        store.close()
+
+
+# What an index scan of the outbox may read: a node's name and the lines under it, up to the
+# next node.
+_SCAN = re.compile(r"Index (?:Only )?Scan(?: Backward)? using (\w+) on outbox_notify_message_v1")
+
+
+def _scans(plan: str) -> list[tuple[str, str, str]]:
+    """(index, its Index Cond or '', the statement's first line) for each index scan of the
+    outbox table in an auto_explain plan."""
+    lines = plan.splitlines()
+    statement = next((line for line in lines if line.startswith("Query Text:")), "")
+    found = []
+    for at, line in enumerate(lines):
+        scan = _SCAN.search(line)
+        if scan is None:
+            continue
+        cond = ""
+        for below in lines[at + 1 :]:
+            if "->" in below:
+                break
+            if "Index Cond:" in below:
+                cond = below.split("Index Cond:", 1)[1].strip()
+                break
+        found.append((scan.group(1), cond, statement[:100]))
+    return found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_plan_reads_an_index_from_its_start_as_dead_rows_pile_up() -> None:
+    """Behind an old snapshot, rows published stay in every index. The claim, the peek and the
+    gauges each keep one generic plan, made again after every autovacuum round with that
+    round's statistics; whatever those say, no index scan of theirs may start at the start of
+    an index: each has an index condition, and the primary key is read by id or from an id on.
+    Before, some rounds' plans read the primary key from its start for one part of the claim
+    (`m.id <= ...`), and every plan read the scheduled rows' (txid, id) index whole."""
+    store = ClaimStore(runner.connection_kwargs("default"), stale_timeout=30)
+    store.connect()
+    assert store.conn is not None
+    plans: list[str] = []
+    store.conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    holder = psycopg.connect(**runner.connection_kwargs("default"), application_name="tests.old")
+    writer = psycopg.connect(**runner.connection_kwargs("default"), autocommit=True)
+    try:
+        with store.conn.transaction():
+            store.conn.execute("LOAD 'auto_explain'")
+        store.conn.execute("SET auto_explain.log_min_duration = 0")
+        store.conn.execute("SET auto_explain.log_level = 'notice'")
+        store.conn.commit()
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT 1")
+        seen: set[tuple[str, str, str]] = set()
+        for _ in range(6):  # an autovacuum round after every 10,000 rows published
+            for _ in range(20):
+                for _ in range(5):
+                    writer.execute(
+                        "INSERT INTO outbox_notify_message_v1"
+                        " (task_id, task_name, args, kwargs, options, schema_version,"
+                        "  retry_after)"
+                        " SELECT gen_random_uuid()::text, 'tests.add', '[]', '{}', '{}', 1,"
+                        "        CASE WHEN n <= 10 THEN now() - interval '1 second' END"
+                        " FROM generate_series(1, 100) AS n"
+                    )
+                with store.claim(BATCH) as claim:
+                    claim.finish(Outcome(published=[r.id for r in claim.rows]))
+            writer.execute("ANALYZE outbox_notify_message_v1")
+            writer.execute("VACUUM outbox_notify_message_v1")
+            plans.clear()
+            writer.execute(
+                "INSERT INTO outbox_notify_message_v1"
+                " (task_id, task_name, args, kwargs, options, schema_version)"
+                " SELECT gen_random_uuid()::text, 'tests.add', '[]', '{}', '{}', 1"
+                " FROM generate_series(1, 300)"
+            )
+            with store.claim(100) as claim:  # fills up: stops inside a transaction
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+            with store.claim(BATCH) as claim:  # does not fill up
+                claim.finish(Outcome(published=[r.id for r in claim.rows]))
+            store.peek()
+            store.queue_gauges()
+            for plan in plans:
+                seen.update(_scans(plan))
+        assert seen, plans
+        for index, cond, statement in sorted(seen):
+            # The oldest-pending gauge reads the failed rows' index from its start on purpose:
+            # it holds only rows that failed (_oldest_pending).
+            assert cond or index == "outbox_notify_message_v1_failed_idx", (index, statement)
+            if index.endswith("_pkey"):
+                assert re.match(r"\(+id (= ANY|>)", cond), (index, cond, statement)
+        assert {index for index, _, _ in seen} >= {
+            "outbox_notify_message_v1_ready_txid_idx",
+            "outbox_notify_message_v1_scheduled_idx",
+        }
+    finally:
+        holder.close()
+        writer.close()
         store.close()
