@@ -33,6 +33,7 @@ from tests.integration.test_reindex import (
     INSERT,
     INVALID,
     TABLE,
+    autovacuum_off,
     bloat,
     churn,
     connect,
@@ -114,7 +115,7 @@ def test_dead_rows_autovacuum_has_not_reached_yet_do_not_hold_it_back() -> None:
     """A busy outbox deletes more rows than the threshold between two autovacuum rounds: with
     no snapshot holding them, the keeper is armed but does not wait for them (a rebuild would
     leave them out). Its look is over once it found the indexes fit their table."""
-    with connect() as writer:
+    with connect() as writer, autovacuum_off(writer):
         writer.execute(f"VACUUM {TABLE}")
         before = stats.vacuum_horizon(writer.cursor())
         churn(writer, 4000)

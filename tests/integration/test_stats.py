@@ -284,6 +284,7 @@ def test_dead_rows_and_the_snapshot_holding_them_are_reported() -> None:
         wait_for(lambda: stats.collect(connections["default"], top=0).dead_rows >= 2000)
         with connect() as vacuum:
             vacuum.execute("VACUUM outbox_notify_message_v1")  # it has to leave them
+        wait_for(lambda: stats.collect(connections["default"], top=0).dead_rows_held >= 2000)
         snapshot = stats.collect(connections["default"], top=0)
         holder_pid = holder.info.backend_pid
     assert snapshot.dead_rows_held >= 2000, snapshot
