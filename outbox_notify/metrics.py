@@ -26,6 +26,7 @@ QUEUE_DEPTH = "outbox_notify.queue.depth"
 QUEUE_OLDEST = "outbox_notify.queue.oldest_seconds"
 DEAD_ROWS = "outbox_notify.table.dead_rows"
 OLDEST_SNAPSHOT = "outbox_notify.table.oldest_snapshot_seconds"
+DEAD_ROWS_HELD = "outbox_notify.table.dead_rows_held"
 QUEUE_DUE = "outbox_notify.queue.due"
 QUEUE_HELD = "outbox_notify.queue.held"
 QUEUE_RETRYING = "outbox_notify.queue.retrying"
@@ -47,7 +48,8 @@ class Metrics(Protocol):
     def batch(self, size: int, seconds: float) -> None: ...
     def lag(self, seconds: float) -> None: ...
     def queue(self, depth: int, oldest_seconds: float) -> None: ...
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None: ...
+    # held_rows: the dead rows a vacuum had to leave (QueueGauges.dead_rows_held).
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None: ...
     # dead_letters None: the relay's role may not count them (nothing is reported for it).
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None: ...
     def relays(self, listening: int) -> None: ...
@@ -77,7 +79,7 @@ class NullMetrics:
     def queue(self, depth: int, oldest_seconds: float) -> None:
         return None
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
         return None
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
@@ -121,9 +123,9 @@ class FanOut:
         for sink in self.sinks:
             sink.queue(depth, oldest_seconds)
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
         for sink in self.sinks:
-            sink.vacuum(dead_rows, snapshot_seconds)
+            sink.vacuum(dead_rows, snapshot_seconds, held_rows)
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
         for sink in self.sinks:
@@ -204,9 +206,10 @@ class DogStatsdMetrics:
         self._send("gauge", QUEUE_DEPTH, depth)
         self._send("gauge", QUEUE_OLDEST, oldest_seconds)
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
         self._send("gauge", DEAD_ROWS, dead_rows)
         self._send("gauge", OLDEST_SNAPSHOT, snapshot_seconds)
+        self._send("gauge", DEAD_ROWS_HELD, held_rows)
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
         self._send("gauge", QUEUE_DUE, due)

@@ -58,6 +58,10 @@ RELAY_METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "Age of the oldest snapshot keeping vacuum from the outbox's dead rows",
     ),
+    "table_dead_rows_held": (
+        "gauge",
+        "Dead rows in the outbox table a vacuum had to leave (a snapshot holds them)",
+    ),
     "queue_due_rows": ("gauge", "Outbox rows due now (not waiting for a retry or an ETA)"),
     "queue_held_rows": ("gauge", "Outbox rows held until an ETA still ahead"),
     "queue_retrying_rows": ("gauge", "Outbox rows waiting for a retry"),
@@ -79,6 +83,10 @@ STATS_GAUGES: dict[str, tuple[str, str]] = {
     "claims_open": ("Relay transactions holding a claimed batch", "claims_open"),
     "notify_queue_usage_ratio": ("Fraction of PostgreSQL's NOTIFY queue in use", "notify_usage"),
     "table_dead_rows": ("Dead rows in the outbox table, not yet vacuumed", "dead_rows"),
+    "table_dead_rows_held": (
+        "Dead rows in the outbox table a vacuum had to leave (a snapshot holds them)",
+        "dead_rows_held",
+    ),
 }
 
 
@@ -142,6 +150,7 @@ class PrometheusMetrics:
         self._oldest = gauge("queue_oldest_seconds")
         self._dead_rows = gauge("table_dead_rows")
         self._snapshot = gauge("table_oldest_snapshot_seconds")
+        self._dead_rows_held = gauge("table_dead_rows_held")
         # Absent until the relay first read them (and dead letters while its role may not
         # count them), rather than a 0 an alert would take for the truth.
         self._last = _LastValues(client)
@@ -171,9 +180,10 @@ class PrometheusMetrics:
         self._depth.set(depth)
         self._oldest.set(oldest_seconds)
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
         self._dead_rows.set(dead_rows)
         self._snapshot.set(snapshot_seconds)
+        self._dead_rows_held.set(held_rows)
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
         self._last.set("queue_due_rows", due)

@@ -107,6 +107,7 @@ class OTelMetrics:
             (names.QUEUE_OLDEST, seconds),
             (names.DEAD_ROWS, "{row}"),
             (names.OLDEST_SNAPSHOT, seconds),
+            (names.DEAD_ROWS_HELD, "{row}"),
             (names.QUEUE_DUE, count),
             (names.QUEUE_HELD, count),
             (names.QUEUE_RETRYING, count),
@@ -152,10 +153,11 @@ class OTelMetrics:
             self._last[names.QUEUE_DEPTH] = depth
             self._last[names.QUEUE_OLDEST] = oldest_seconds
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
         with self._lock:
             self._last[names.DEAD_ROWS] = dead_rows
             self._last[names.OLDEST_SNAPSHOT] = snapshot_seconds
+            self._last[names.DEAD_ROWS_HELD] = held_rows
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
         with self._lock:
@@ -205,8 +207,8 @@ class Fanout:
     def queue(self, depth: int, oldest_seconds: float) -> None:
         self._each("queue", depth, oldest_seconds)
 
-    def vacuum(self, dead_rows: int, snapshot_seconds: float) -> None:
-        self._each("vacuum", dead_rows, snapshot_seconds)
+    def vacuum(self, dead_rows: int, snapshot_seconds: float, held_rows: int) -> None:
+        self._each("vacuum", dead_rows, snapshot_seconds, held_rows)
 
     def backlog(self, due: int, held: int, retrying: int, dead_letters: int | None) -> None:
         self._each("backlog", due, held, retrying, dead_letters)

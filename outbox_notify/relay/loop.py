@@ -272,7 +272,11 @@ class Relay:
         if metrics_on:
             self.metrics.queue(gauges.depth, gauges.oldest_seconds)
             holder = gauges.holder
-            self.metrics.vacuum(gauges.dead_rows, (holder.seconds or 0.0) if holder else 0.0)
+            self.metrics.vacuum(
+                gauges.dead_rows,
+                (holder.seconds or 0.0) if holder else 0.0,
+                gauges.dead_rows_held,
+            )
             # Read by the same statement as the depth, as fresh (GAUGE_INTERVAL), so due =
             # depth - held - retrying adds up; no query per batch.
             self.metrics.backlog(gauges.due, gauges.held, gauges.retrying, gauges.dead_letters)

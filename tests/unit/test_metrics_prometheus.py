@@ -73,7 +73,7 @@ def test_every_method_moves_its_metric(served: tuple[PrometheusMetrics, str]) ->
     sink.batch(100, 0.043)
     sink.lag(0.21)
     sink.queue(42, 7.5)
-    sink.vacuum(1000, 12.0)
+    sink.vacuum(1000, 12.0, 900)
     sink.backlog(30, 8, 4, 2)
     sink.relays(3)
     status, body = get(base + "/metrics")
@@ -94,6 +94,7 @@ def test_every_method_moves_its_metric(served: tuple[PrometheusMetrics, str]) ->
     assert got[(PREFIX + "queue_oldest_seconds", ())] == 7.5
     assert got[(PREFIX + "table_dead_rows", ())] == 1000
     assert got[(PREFIX + "table_oldest_snapshot_seconds", ())] == 12.0
+    assert got[(PREFIX + "table_dead_rows_held", ())] == 900
     assert got[(PREFIX + "queue_due_rows", ())] == 30
     assert got[(PREFIX + "queue_held_rows", ())] == 8
     assert got[(PREFIX + "queue_retrying_rows", ())] == 4
@@ -188,6 +189,7 @@ def test_stats_exposition_parses_as_gauges() -> None:
         claims_open=0,
         notify_queue_usage=0.0,
         dead_rows=7,
+        dead_rows_held=6,
     )
     text = metrics_prometheus.stats_exposition(snapshot)
     families = {f.name: f for f in text_string_to_metric_families(text)}

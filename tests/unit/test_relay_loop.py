@@ -98,6 +98,7 @@ def test_gauges_sampled_every_interval_more_often_with_metrics(with_metrics: boo
     """Gauges cost a query: every 15 s with metrics on, every 60 s (the dead-rows check) off."""
     metrics = RecordingMetrics() if with_metrics else None
     store = InMemoryStore([])
+    store.dead_rows, store.dead_rows_held = 9, 4
     r = relay(store, ScriptedPublisher(lambda m: Attempt(Result.PUBLISHED)), metrics=metrics)
     r.sample_gauges()
     r.sample_gauges()
@@ -110,7 +111,7 @@ def test_gauges_sampled_every_interval_more_often_with_metrics(with_metrics: boo
     assert store.gauges == (3 if with_metrics else 2)
     if metrics is not None:
         assert ("queue", (0, 1.5)) in metrics.calls
-        assert ("vacuum", (0, 0.0)) in metrics.calls
+        assert ("vacuum", (9, 0.0, 4)) in metrics.calls
 
 
 def test_dead_rows_past_the_threshold_warn_with_what_holds_them_at_most_every_interval() -> None:
