@@ -249,8 +249,10 @@ coalesce((SELECT s.n_dead_tup FROM pg_stat_user_tables AS s
 -- row is inserted before it is deleted: the figure is near 0 while autovacuum keeps up,
 -- however many rows a busy outbox deleted since its last round, and large once a vacuum ran
 -- while an old snapshot held rows back. It overcounts by the rows that were live at that
--- vacuum and deleted since (a backlog drained after it) and by retries' updates, until the
--- next round; it counts the rows a snapshot holds only from the first vacuum after it began.
+-- vacuum and deleted since (a backlog drained after it), by retries' updates, and by the rows
+-- deleted while that vacuum ran (a few thousand on a busy outbox), until the next round; it
+-- counts the rows a snapshot holds only from the first vacuum after it began. An ANALYZE
+-- replaces n_dead_tup by its sample's estimate (n_ins_since_vacuum stays): an estimate then.
 greatest(coalesce((SELECT s.n_dead_tup - s.n_ins_since_vacuum FROM pg_stat_user_tables AS s
                    WHERE s.relid = 'outbox_notify_message_v1'::regclass), 0), 0)::bigint
 
