@@ -46,12 +46,9 @@ def _burst_after_an_empty_analyse(retrying: int) -> None:
         )
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("retrying", [0, 3_000], ids=["ready rows", "due retries"])
-def test_a_claim_after_a_burst_on_an_empty_analysed_table_reads_only_its_indexes(
-    retrying: int,
-) -> None:
-    _burst_after_an_empty_analyse(retrying)
+def _explaining_store() -> tuple[ClaimStore, list[str]]:
+    """A connected claim store whose every statement's plan auto_explain reports to the client
+    as a NOTICE, collected in the list returned with it (the caller closes the store)."""
     store = ClaimStore(runner.connection_kwargs("default"), stale_timeout=30)
     store.connect()
     assert store.conn is not None
@@ -63,6 +60,20 @@ def test_a_claim_after_a_burst_on_an_empty_analysed_table_reads_only_its_indexes
         store.conn.execute("SET auto_explain.log_min_duration = 0")
         store.conn.execute("SET auto_explain.log_level = 'notice'")
         store.conn.commit()
+    except BaseException:
+        store.close()
+        raise
+    return store, plans
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("retrying", [0, 3_000], ids=["ready rows", "due retries"])
+def test_a_claim_after_a_burst_on_an_empty_analysed_table_reads_only_its_indexes(
+    retrying: int,
+) -> None:
+    _burst_after_an_empty_analyse(retrying)
+    store, plans = _explaining_store()
+    try:
         plans.clear()
         with store.claim(BATCH) as claim:
             assert len(claim.rows) == BATCH
@@ -433,19 +444,10 @@ def test_no_plan_reads_an_index_from_its_start_as_dead_rows_pile_up() -> None:
     an index: each has an index condition, and the primary key is read by id or from an id on.
     Before, some rounds' plans read the primary key from its start for one part of the claim
     (`m.id <= ...`), and every plan read the scheduled rows' (txid, id) index whole."""
-    store = ClaimStore(runner.connection_kwargs("default"), stale_timeout=30)
-    store.connect()
-    assert store.conn is not None
-    plans: list[str] = []
-    store.conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    store, plans = _explaining_store()
     holder = psycopg.connect(**runner.connection_kwargs("default"), application_name="tests.old")
     writer = psycopg.connect(**runner.connection_kwargs("default"), autocommit=True)
     try:
-        with store.conn.transaction():
-            store.conn.execute("LOAD 'auto_explain'")
-        store.conn.execute("SET auto_explain.log_min_duration = 0")
-        store.conn.execute("SET auto_explain.log_level = 'notice'")
-        store.conn.commit()
         holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT 1")
         seen: set[tuple[str, str, str]] = set()
